@@ -1,0 +1,1 @@
+"""Content-addressed receipts, digests, the ledger store and the `ledger` CLI."""

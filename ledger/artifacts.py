@@ -1,0 +1,133 @@
+"""Artifacts named by digest. Where the bytes live is a lookup, never part of their identity.
+
+The default artifact directory stores a file under ``<root>/blake3/<2 hex>/<64 hex>``. Other places (a checkpoint
+directory, a copy moved elsewhere, a ``file://`` URI) are recorded as locations in the ledger. The verifier
+re-hashes whatever it finds, so a moved or fetched copy verifies, a wrong copy fails, and an absent one is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from ledger import digests
+
+ENV_ARTIFACTS = "LEDGER_ARTIFACTS"
+
+# How to recompute the digest of a directory artifact (a checkpoint); registered by ledger.state so that this
+# module does not import it (and so plain receipts never pay for it).
+DirectoryDigest = Callable[[Path], str]
+_directory_digest: DirectoryDigest | None = None
+
+
+def register_directory_digest(fn: DirectoryDigest) -> None:
+    global _directory_digest
+    _directory_digest = fn
+
+
+def default_root(db_url: str | None = None) -> Path:
+    """``$LEDGER_ARTIFACTS``, else ``artifacts/`` beside an SQLite ledger file, else ``./artifacts``."""
+    env = os.environ.get(ENV_ARTIFACTS)
+    if env:
+        return Path(env)
+    if db_url and db_url.startswith("sqlite:///"):
+        return Path(db_url.removeprefix("sqlite:///")).parent / "artifacts"
+    return Path("artifacts")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def path_from_uri(uri: str) -> Path | None:
+    """A local path for a location (plain path or file:// URI); None for schemes we cannot read locally."""
+    if "://" not in uri:
+        return Path(uri)
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return None
+
+
+def recompute(path: Path) -> str:
+    """The digest of what is at ``path``: file bytes, or a directory's state digest."""
+    if path.is_dir():
+        if _directory_digest is None:
+            import ledger.state  # noqa: F401  (registers the checkpoint digest)
+        assert _directory_digest is not None
+        return _directory_digest(path)
+    return digests.file_digest(path)
+
+
+class ArtifactStore:
+    """A content-addressed directory of files."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def path_for(self, digest: str) -> Path:
+        hexd = digests.digest_hex(digest)
+        return self.root / digests.ALGORITHM / hexd[:2] / hexd
+
+    def put_bytes(self, data: bytes) -> str:
+        digest = digests.raw_digest(data)
+        target = self.path_for(digest)
+        if not target.exists():
+            atomic_write(target, data)
+        return digest
+
+    def put_file(self, src: Path) -> str:
+        """Copy a file in (atomically); returns its digest. An existing identical artifact is kept."""
+        digest = digests.file_digest(src)
+        target = self.path_for(digest)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            os.close(fd)
+            try:
+                shutil.copyfile(src, tmp)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            fsync_dir(target.parent)
+        return digest
+
+    def get_bytes(self, digest: str) -> bytes | None:
+        path = self.path_for(digest)
+        return path.read_bytes() if path.exists() else None
+
+    def candidates(self, digest: str, locations: list[str]) -> list[Path]:
+        """Local places where the artifact may be, the content-addressed path first."""
+        out = [self.path_for(digest)]
+        for uri in locations:
+            p = path_from_uri(uri)
+            if p is not None:
+                out.append(p)
+        return out

@@ -1,0 +1,192 @@
+"""Typed errors. Each carries what was expected and what was found, and renders as one line.
+
+Exit codes (documented in docs/cli.md and the README):
+  0 success · 1 verification failed / a run failed · 2 usage or malformed input · 3 unknown or ambiguous id,
+  missing artifact · 4 database unusable or at the wrong schema revision.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_LOOKUP = 3
+EXIT_DATABASE = 4
+
+
+class LedgerError(Exception):
+    """Base of every error the library raises on purpose."""
+
+    exit_code: int = EXIT_FAILED
+
+    def one_line(self) -> str:
+        return " ".join(str(self).split())
+
+
+# -------------------------------------------------------------------------------------------- input errors
+
+
+class InputError(LedgerError):
+    """The input is malformed (not a receipt, not canonical, not a digest, ...)."""
+
+    exit_code = EXIT_USAGE
+
+
+class NonCanonical(InputError):
+    """Bytes that are not canonical JSON, or a value canonical JSON cannot encode exactly."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"non-canonical JSON: {detail}")
+        self.detail = detail
+
+
+class MalformedDigest(InputError):
+    def __init__(self, what: str, value: object) -> None:
+        shown = value if isinstance(value, str) and len(value) < 100 else repr(value)[:100]
+        super().__init__(f"{what}: expected 'blake3:' followed by 64 lowercase hex digits, got {shown!r}")
+        self.what = what
+        self.value = value
+
+
+class MalformedReceipt(InputError):
+    def __init__(self, detail: str, receipt: str | None = None) -> None:
+        where = f"receipt {receipt}: " if receipt else ""
+        super().__init__(f"malformed receipt: {where}{detail}")
+        self.detail = detail
+        self.receipt = receipt
+
+
+class UnsafeFile(InputError):
+    """A file we refuse to read (a pickle, a truncated or inconsistent safetensors file...)."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"{path}: {detail}")
+        self.path = path
+        self.detail = detail
+
+
+# ------------------------------------------------------------------------------------------- lookup errors
+
+
+class LookupFailed(LedgerError):
+    exit_code = EXIT_LOOKUP
+
+
+class UnknownReceipt(LookupFailed):
+    def __init__(self, ref: str) -> None:
+        super().__init__(f"no receipt matches {ref!r}")
+        self.ref = ref
+
+
+class AmbiguousReceipt(LookupFailed):
+    def __init__(self, ref: str, candidates: list[str]) -> None:
+        shown = ", ".join(c[:19] for c in candidates[:3])
+        more = f" and {len(candidates) - 3} more" if len(candidates) > 3 else ""
+        super().__init__(f"prefix {ref!r} matches {len(candidates)} receipts ({shown}{more}); give more digits")
+        self.ref = ref
+        self.candidates = candidates
+
+
+class MissingParents(LookupFailed):
+    def __init__(self, receipt: str, missing: list[str]) -> None:
+        super().__init__(f"receipt {receipt} refused: parent(s) not in the ledger: {', '.join(missing)}")
+        self.receipt = receipt
+        self.missing = missing
+
+
+class MissingArtifact(LookupFailed):
+    def __init__(self, digest: str, name: str | None = None, where: str | None = None) -> None:
+        label = f"artifact {name!r} " if name else "artifact "
+        at = f" (looked in {where})" if where else ""
+        super().__init__(f"{label}{digest} is missing{at}")
+        self.digest = digest
+        self.name = name
+
+
+# ----------------------------------------------------------------------------------------- database errors
+
+
+class DatabaseError(LedgerError):
+    exit_code = EXIT_DATABASE
+
+
+class SchemaOutOfDate(DatabaseError):
+    def __init__(self, url: str, current: str | None, head: str) -> None:
+        cur = current or "no schema"
+        super().__init__(
+            f"database {url} is at revision {cur}, this ledger needs {head}: run `ledger db upgrade`"
+            + (f" --db {url}" if url else "")
+        )
+        self.current = current
+        self.head = head
+
+
+class UnknownSchema(DatabaseError):
+    def __init__(self, url: str, current: str, head: str) -> None:
+        super().__init__(
+            f"database {url} is at unknown revision {current} (newer software wrote it?); this ledger knows "
+            f"up to {head}: upgrade the ledger package, or run `ledger db upgrade` with the version that wrote it"
+        )
+        self.current = current
+        self.head = head
+
+
+# ------------------------------------------------------------------------------------- verification errors
+
+
+class VerificationError(LedgerError):
+    """Verification failed. Subclasses say what; each names the receipt and field and carries both values."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, *, receipt: str | None = None, field: str | None = None,
+                 expected: Any = None, actual: Any = None) -> None:
+        super().__init__(message)
+        self.receipt = receipt
+        self.field = field
+        self.expected = expected
+        self.actual = actual
+
+    def diagnostics(self) -> dict[str, Any]:
+        return {
+            "error": type(self).__name__,
+            "message": self.one_line(),
+            "receipt": self.receipt,
+            "field": self.field,
+            "expected": self.expected,
+            "actual": self.actual,
+        }
+
+
+class DigestMismatch(VerificationError):
+    def __init__(self, what: str, *, expected: str, actual: str, receipt: str | None = None,
+                 field: str | None = None) -> None:
+        where = f"receipt {receipt}: " if receipt else ""
+        super().__init__(f"{where}{what}: expected {expected}, recomputed {actual}",
+                         receipt=receipt, field=field, expected=expected, actual=actual)
+
+
+class RecordMismatch(VerificationError):
+    """A stored row disagrees with the receipt's canonical body (a tampered index row)."""
+
+    def __init__(self, receipt: str, field: str, *, expected: Any, actual: Any) -> None:
+        super().__init__(f"receipt {receipt}: stored {field} {actual!r} differs from its body's {expected!r}",
+                         receipt=receipt, field=field, expected=expected, actual=actual)
+
+
+class ChainBroken(VerificationError):
+    def __init__(self, receipt: str, rule: str, *, field: str | None = None, expected: Any = None,
+                 actual: Any = None) -> None:
+        super().__init__(f"receipt {receipt}: chain rule broken: {rule}", receipt=receipt, field=field,
+                         expected=expected, actual=actual)
+        self.rule = rule
+
+
+class StateMismatch(VerificationError):
+    """Two states differ; names the component, tensor and first differing element."""
+
+
+class ResumeDivergence(VerificationError):
+    """A recovered run differs from the uninterrupted one; names step, rank, component, tensor."""

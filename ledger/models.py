@@ -1,0 +1,91 @@
+"""Database rows (SQLAlchemy 2 typed ORM). Rows are not domain objects: ``ReceiptRow.to_receipt()`` parses the
+canonical body, and every other column is an index derived from that body, re-checked by the verifier.
+
+Any change here needs an Alembic revision in ``migrations/versions`` and a new ``SCHEMA_HEAD``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from ledger.receipts import Receipt
+
+# The Alembic revision this code reads and writes. tests/ledger/test_migrations.py checks it is the only head.
+SCHEMA_HEAD = "0001_initial"
+# Every revision this code knows, oldest first: a database at one of these but not the head needs an upgrade.
+KNOWN_REVISIONS = ("0001_initial",)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+DIGEST_LEN = 71  # "blake3:" + 64 hex
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class ReceiptRow(Base):
+    __tablename__ = "receipts"
+
+    # Append order; the Merkle log (tamper-evidence) will be built over it.
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(DIGEST_LEN), unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    run: Mapped[str | None] = mapped_column(String(200))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    prepared: Mapped[str | None] = mapped_column(String(DIGEST_LEN))
+    selection: Mapped[str | None] = mapped_column(String(DIGEST_LEN))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    # When the ledger stored it (ns since the epoch); not part of the receipt's identity.
+    recorded_ns: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        Index("ix_receipts_prepared_kind", "prepared", "kind"),
+        Index("ix_receipts_run_rank_step", "run", "rank", "step"),
+        Index("ix_receipts_kind", "kind"),
+        Index("ix_receipts_selection", "selection"),
+    )
+
+    def to_receipt(self) -> Receipt:
+        return Receipt.from_bytes(self.body)
+
+
+class ParentRow(Base):
+    """One edge of the DAG: ``child`` cites ``parent``. Mirrors the body's ``parents`` list."""
+
+    __tablename__ = "receipt_parents"
+
+    child: Mapped[str] = mapped_column(String(DIGEST_LEN), ForeignKey("receipts.id"), primary_key=True)
+    parent: Mapped[str] = mapped_column(String(DIGEST_LEN), ForeignKey("receipts.id"), primary_key=True)
+
+    __table_args__ = (Index("ix_receipt_parents_parent", "parent"),)
+
+
+class ArtifactRow(Base):
+    """An artifact a receipt refers to. Mirrors the body's ``artifacts`` object."""
+
+    __tablename__ = "receipt_artifacts"
+
+    receipt: Mapped[str] = mapped_column(String(DIGEST_LEN), ForeignKey("receipts.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
+
+    __table_args__ = (Index("ix_receipt_artifacts_digest", "digest"),)
+
+
+class LocationRow(Base):
+    """Where an artifact's bytes may be found. A lookup, not identity: the verifier re-hashes what it finds."""
+
+    __tablename__ = "artifact_locations"
+
+    digest: Mapped[str] = mapped_column(String(DIGEST_LEN), primary_key=True)
+    uri: Mapped[str] = mapped_column(Text, primary_key=True)
+    recorded_ns: Mapped[int] = mapped_column(BigInteger)

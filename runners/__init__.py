@@ -1,0 +1,1 @@
+"""Runners: prepare, training arms, recovery, evaluation and serving; each emits receipts."""

@@ -1,0 +1,1 @@
+"""Verification: recompute digests, check chains, prove equality and statistics."""
