@@ -1,0 +1,543 @@
+"""Alembic migrations: one head equal to SCHEMA_HEAD, upgrading an empty database yields exactly the models,
+downgrade/upgrade round-trips, receipts survive a table-recreating migration, databases at no or an unknown
+revision are refused with the upgrade command named, the installed wheel carries its migrations, and (when a
+PostgreSQL server and psycopg are available) the same schema and store work on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pwd
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from glob import glob
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
+from sqlalchemy.exc import IntegrityError
+from typer.testing import CliRunner
+
+import migrations
+from ledger import migrate
+from ledger.cli import app
+from ledger.errors import EXIT_DATABASE, DatabaseError, SchemaOutOfDate, UnknownSchema
+from ledger.models import KNOWN_REVISIONS, SCHEMA_HEAD, Base
+from ledger.receipts import make_receipt
+from ledger.store import Store, make_engine, resolve_url
+from tests.conftest import ReceiptChain
+from verify.receipts import verify_receipt
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_REVISION = "0002_test"
+LEDGER_TABLES = set(Base.metadata.tables)
+
+# A throw-away second revision: batch mode with recreate="always" copies, drops and renames `receipts` (what
+# SQLite needs for most ALTERs), the riskiest thing a real migration does to a populated ledger.
+_ADD_COLUMN = f'''"""Test-only revision: a nullable column and an index on receipts, by recreating the table."""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "{TEST_REVISION}"
+down_revision = "{SCHEMA_HEAD}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("receipts", recreate="always") as batch_op:
+        batch_op.add_column(sa.Column("note", sa.Text(), nullable=True))
+        batch_op.create_index("ix_receipts_step", ["step"], unique=False)
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("receipts", recreate="always") as batch_op:
+        batch_op.drop_index("ix_receipts_step")
+        batch_op.drop_column("note")
+'''
+
+# A broken revision: deletes a receipt that others cite. env.py must refuse to commit it.
+_DANGLING = f'''"""Test-only revision that leaves parent edges pointing nowhere."""
+from alembic import op
+
+revision = "{TEST_REVISION}"
+down_revision = "{SCHEMA_HEAD}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.execute("DELETE FROM receipt_artifacts WHERE receipt IN (SELECT id FROM receipts WHERE kind = 'prepare')")
+    op.execute("DELETE FROM receipts WHERE kind = 'prepare'")
+
+
+def downgrade() -> None:
+    pass
+'''
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def url_of(path: Path) -> str:
+    return resolve_url(path)
+
+
+def temp_migrations(tmp_path: Path, revision_source: str) -> Path:
+    """A copy of the shipped migrations plus one extra revision; returns the copy's directory."""
+    copy = tmp_path / "migrations_copy"
+    shutil.copytree(Path(migrations.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "versions" / f"{TEST_REVISION}.py").write_text(revision_source)
+    return copy
+
+
+def rows_snapshot(path: Path) -> list[tuple[int, str, bytes]]:
+    """(seq, id, body) of every receipt, read with the stdlib driver so nothing of ours is in the way."""
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT seq, id, body FROM receipts ORDER BY seq").fetchall()
+
+
+def edge_count(path: Path) -> tuple[int, int]:
+    with sqlite3.connect(path) as conn:
+        return (conn.execute("SELECT count(*) FROM receipt_parents").fetchone()[0],
+                conn.execute("SELECT count(*) FROM receipt_artifacts").fetchone()[0])
+
+
+def populate(path: Path, chain: ReceiptChain) -> list[str]:
+    """A ledger at head holding ``chain`` plus a second lineage cross-linked into it; returns every id."""
+    with Store.open(path, create=True) as store:
+        store.append_many(chain.receipts())
+        note = make_receipt("note", prepared=chain.prepared, parents=[chain.eval, chain.contract],
+                            measurements={"text": "cites two branches"})
+        store.append(note)
+        return [s.receipt.id for s in store.find()]
+
+
+def assert_all_verify(store: Store, ids: list[str]) -> None:
+    for rid in ids:
+        report = verify_receipt(store, rid)
+        assert report.receipt == rid
+
+
+def reflected_names(url: str) -> set[str | None]:
+    """Every constraint and index name in the database's ledger tables."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            insp = inspect(conn)
+            names: set[str | None] = set()
+            for table in LEDGER_TABLES:
+                names.add(insp.get_pk_constraint(table)["name"])
+                names.update(u["name"] for u in insp.get_unique_constraints(table))
+                names.update(f["name"] for f in insp.get_foreign_keys(table))
+                names.update(i["name"] for i in insp.get_indexes(table))
+            return names
+    finally:
+        engine.dispose()
+
+
+def model_names() -> set[str | None]:
+    """The same names as the models declare them (through the metadata's naming convention)."""
+    names: set[str | None] = set()
+    for table in Base.metadata.tables.values():
+        names.update(str(c.name) for c in table.constraints)
+        names.update(str(i.name) for i in table.indexes)
+    return names
+
+
+def table_names(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return set(inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def stamp_sqlite(path: Path, revision: str) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+
+
+runner = CliRunner()
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+# ------------------------------------------------------------------------------------------ head and shape
+
+
+def test_exactly_one_head_and_it_is_schema_head() -> None:
+    assert migrate.heads() == [SCHEMA_HEAD]
+    assert KNOWN_REVISIONS[-1] == SCHEMA_HEAD
+    # KNOWN_REVISIONS lists every script, oldest first (walk_revisions goes head to base).
+    script = ScriptDirectory.from_config(migrate.alembic_config("sqlite://"))
+    assert [s.revision for s in script.walk_revisions()][::-1] == list(KNOWN_REVISIONS)
+
+
+def test_upgrading_an_empty_file_yields_exactly_the_models(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()  # an existing zero-byte file, as `touch ledger.db` leaves it
+    url = url_of(path)
+    assert migrate.current(url) is None
+    migrate.upgrade(url)
+    assert migrate.current(url) == SCHEMA_HEAD
+    assert table_names(url) == LEDGER_TABLES | {"alembic_version"}
+    # compare_metadata covers columns, types, nullability, indexes and unique constraints ...
+    assert migrate.schema_diff(url) == []
+    # ... but not primary or foreign key names on SQLite, so compare every name directly.
+    assert reflected_names(url) == model_names()
+    for name in ("pk_receipts", "uq_receipts_id", "fk_receipt_parents_child_receipts",
+                 "fk_receipt_parents_parent_receipts", "fk_receipt_artifacts_receipt_receipts",
+                 "pk_receipt_parents", "pk_artifact_locations", "ix_receipts_prepared_kind"):
+        assert name in reflected_names(url)
+
+
+def test_schema_diff_sees_a_drifted_database(tmp_path: Path) -> None:
+    """The drift check is only worth something if it can fail: drop an index and it must say so."""
+    path = tmp_path / "drift.db"
+    migrate.upgrade(url_of(path))
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP INDEX ix_receipts_kind")
+    diff = migrate.schema_diff(url_of(path))
+    assert len(diff) == 1 and diff[0][0] == "add_index" and diff[0][1].name == "ix_receipts_kind"
+
+
+def test_downgrade_to_base_and_upgrade_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "round.db"
+    url = url_of(path)
+    migrate.upgrade(url)
+    migrate.downgrade(url, "base")
+    assert migrate.current(url) is None
+    assert table_names(url) & LEDGER_TABLES == set()
+    migrate.upgrade(url)
+    assert migrate.current(url) == SCHEMA_HEAD
+    assert migrate.schema_diff(url) == []
+    assert reflected_names(url) == model_names()
+    with Store.open(path) as store:
+        assert store.count() == 0
+
+
+# ------------------------------------------------------------------------------------------ data survives
+
+
+def test_upgrade_at_head_is_a_no_op_for_data(tmp_path: Path, make_chain: Callable[..., ReceiptChain]) -> None:
+    path = tmp_path / "ledger.db"
+    ids = populate(path, make_chain())
+    before = rows_snapshot(path)
+    code, stdout, stderr = cli("db", "upgrade", "--db", str(path), "--json")
+    assert code == 0, stderr
+    assert json.loads(stdout) == {"db": str(path), "from": SCHEMA_HEAD, "to": SCHEMA_HEAD}
+    assert rows_snapshot(path) == before
+    with Store.open(path) as store:
+        assert_all_verify(store, ids)
+
+
+def test_receipts_survive_a_table_recreating_migration_and_its_downgrade(
+    tmp_path: Path, make_chain: Callable[..., ReceiptChain]
+) -> None:
+    path = tmp_path / "ledger.db"
+    url = url_of(path)
+    chain = make_chain(checkpoint_steps=(2, 4, 6, 8), end_step=9)
+    ids = populate(path, chain)
+    before, edges = rows_snapshot(path), edge_count(path)
+    assert len(before) == len(chain.receipts()) + 1 and edges[0] > 0 and edges[1] > 0
+    scripts = temp_migrations(tmp_path, _ADD_COLUMN)
+
+    migrate.upgrade(url, script_location=scripts)
+    assert migrate.current(url) == TEST_REVISION
+    with sqlite3.connect(path) as conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(receipts)")]
+        assert "note" in columns
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    # Same rows, same append order, same bytes, same edges.
+    assert rows_snapshot(path) == before and edge_count(path) == edges
+    # This code only knows revisions up to SCHEMA_HEAD: a newer database is refused, not silently used.
+    with pytest.raises(UnknownSchema):
+        Store.open(path)
+    # The rows themselves still verify (the constructor skips the revision check on purpose).
+    store = Store(make_engine(url), url)
+    try:
+        assert_all_verify(store, ids)
+        # The recreated table still enforces its foreign keys.
+        with pytest.raises(IntegrityError), store.engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO receipt_parents (child, parent) VALUES (?, ?)",
+                                 (chain.eval.id, "blake3:" + "0" * 64))
+    finally:
+        store.close()
+
+    migrate.downgrade(url, SCHEMA_HEAD, script_location=scripts)
+    assert migrate.current(url) == SCHEMA_HEAD
+    assert migrate.schema_diff(url) == [] and reflected_names(url) == model_names()
+    assert rows_snapshot(path) == before and edge_count(path) == edges
+    with Store.open(path) as store:
+        assert_all_verify(store, ids)
+        # And the ledger keeps growing where it left off.
+        extra = store.append(make_receipt("note", prepared=chain.prepared, parents=[chain.train_end]))
+        assert extra.seq == before[-1][0] + 1
+        verify_receipt(store, extra.receipt.id)
+
+
+def test_a_migration_that_breaks_a_foreign_key_is_rolled_back(
+    tmp_path: Path, make_chain: Callable[..., ReceiptChain]
+) -> None:
+    """Foreign keys are off while batch mode recreates tables; env.py re-checks them before committing."""
+    path = tmp_path / "ledger.db"
+    populate(path, make_chain())
+    before, edges = rows_snapshot(path), edge_count(path)
+    scripts = temp_migrations(tmp_path, _DANGLING)
+    with pytest.raises(DatabaseError, match="dangling foreign key"):
+        migrate.upgrade(url_of(path), script_location=scripts)
+    assert migrate.current(url_of(path)) == SCHEMA_HEAD
+    assert rows_snapshot(path) == before and edge_count(path) == edges
+
+
+# ----------------------------------------------------------------------------- old and unknown revisions
+
+
+def _unstamped(path: Path) -> None:
+    """Ledger tables made straight from the models, with no alembic_version at all."""
+    engine = make_engine(url_of(path))
+    Base.metadata.create_all(engine)
+    engine.dispose()
+
+
+def _downgraded(path: Path) -> None:
+    migrate.upgrade(url_of(path))
+    migrate.downgrade(url_of(path), "base")
+
+
+@pytest.mark.parametrize("make_db", [_unstamped, _downgraded, Path.touch], ids=["tables-unstamped", "base", "empty"])
+def test_a_database_without_a_revision_names_the_upgrade_command(
+    tmp_path: Path, make_db: Callable[[Path], None]
+) -> None:
+    path = tmp_path / "old.db"
+    make_db(path)
+    with pytest.raises(SchemaOutOfDate) as info:
+        Store.open(path)
+    assert info.value.exit_code == EXIT_DATABASE and "`ledger db upgrade`" in str(info.value)
+
+    code, stdout, stderr = cli("log", "--db", str(path))
+    assert code == EXIT_DATABASE and stdout == ""
+    assert len(stderr.splitlines()) == 1 and "`ledger db upgrade`" in stderr and str(path) in stderr
+
+    # Following the advice works: the schema is created, or adopted when the tables already match head.
+    code, stdout, stderr = cli("db", "upgrade", "--db", str(path), "--json")
+    assert code == 0, stderr
+    assert json.loads(stdout)["to"] == SCHEMA_HEAD
+    assert migrate.schema_diff(url_of(path)) == []
+    code, stdout, _ = cli("log", "--db", str(path), "--json")
+    assert code == 0 and json.loads(stdout) == []
+
+
+def test_unstamped_tables_that_differ_from_head_are_not_adopted(tmp_path: Path) -> None:
+    path = tmp_path / "odd.db"
+    _unstamped(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP INDEX ix_receipt_parents_parent")
+    code, stdout, stderr = cli("db", "upgrade", "--db", str(path))
+    assert code == EXIT_DATABASE and len(stderr.splitlines()) == 1
+    assert "differ from" in stderr and "ix_receipt_parents_parent" in stderr
+    assert migrate.current(url_of(path)) is None
+
+
+def test_an_unknown_revision_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    migrate.upgrade(url_of(path))
+    stamp_sqlite(path, "ffff_future")
+    with pytest.raises(UnknownSchema) as info:
+        Store.open(path)
+    assert info.value.exit_code == EXIT_DATABASE == 4
+    assert "ffff_future" in str(info.value) and "`ledger db upgrade`" in str(info.value)
+
+    code, stdout, stderr = cli("log", "--db", str(path))
+    assert code == 4 and stdout == ""
+    assert len(stderr.splitlines()) == 1 and "`ledger db upgrade`" in stderr and "ffff_future" in stderr
+    # Upgrading with software that does not know the revision is refused the same way, not a traceback.
+    code, _, stderr = cli("db", "upgrade", "--db", str(path))
+    assert code == 4 and len(stderr.splitlines()) == 1 and "ffff_future" in stderr
+    code, stdout, _ = cli("db", "current", "--db", str(path), "--json")
+    assert code == 0
+    assert json.loads(stdout) == {"db": str(path), "current": "ffff_future", "head": SCHEMA_HEAD, "up_to_date": False}
+
+
+def test_db_upgrade_creates_a_new_database_and_current_reports_it(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "new.db"
+    path.parent.mkdir()
+    code, stdout, _ = cli("db", "current", "--db", str(path), "--json")
+    assert code == 0 and json.loads(stdout)["up_to_date"] is False and json.loads(stdout)["current"] is None
+    code, stdout, stderr = cli("db", "upgrade", "--db", str(path))
+    assert code == 0, stderr
+    assert f"empty -> {SCHEMA_HEAD}" in stdout
+    code, stdout, _ = cli("db", "current", "--db", str(path), "--json")
+    assert code == 0
+    assert json.loads(stdout) == {"db": str(path), "current": SCHEMA_HEAD, "head": SCHEMA_HEAD, "up_to_date": True}
+    assert migrate.schema_diff(url_of(path)) == []
+
+
+def test_db_upgrade_of_an_unopenable_database_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "missing-dir" / "x.db"
+    code, _, stderr = cli("db", "upgrade", "--db", str(path))
+    assert code == EXIT_DATABASE and len(stderr.splitlines()) == 1 and "unable to open" in stderr
+
+
+def test_offline_sql_generation_is_refused_clearly() -> None:
+    with pytest.raises(SystemExit, match="offline .* not supported.*`ledger db upgrade`"):
+        command.upgrade(migrate.alembic_config("sqlite://"), "head", sql=True)
+
+
+# ----------------------------------------------------------------------------------- non-editable install
+
+
+@pytest.mark.slow
+def test_db_upgrade_works_from_an_installed_wheel(tmp_path: Path) -> None:
+    """Build a wheel from a copy of the sources, install it into a bare directory, migrate from outside the repo."""
+    if importlib.util.find_spec("setuptools") is None:  # the offline, non-isolated build uses the local backend
+        pytest.skip("building the wheel offline needs setuptools installed (pip install setuptools)")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    for package in ("ledger", "verify", "runners", "migrations"):
+        if (REPO / package).is_dir():
+            shutil.copytree(REPO / package, src / package,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(wheels),
+                    str(src)], check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    for shipped in ("migrations/env.py", "migrations/script.py.mako", f"migrations/versions/{SCHEMA_HEAD}.py"):
+        assert (site / shipped).is_file(), shipped
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+    env["PYTHONPATH"] = str(site)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    db = tmp_path / "w.db"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    where = run("-c", "import json, ledger, migrations; "
+                      "print(json.dumps([ledger.__file__, migrations.__file__]))")
+    assert where.returncode == 0, where.stderr
+    for module_file in json.loads(where.stdout):
+        assert Path(module_file).resolve().is_relative_to(site.resolve()), module_file
+
+    up = run("-m", "ledger.cli", "db", "upgrade", "--db", str(db), "--json")
+    assert up.returncode == 0, up.stderr
+    assert json.loads(up.stdout) == {"db": str(db), "from": None, "to": SCHEMA_HEAD}
+    cur = run("-m", "ledger.cli", "db", "current", "--db", str(db), "--json")
+    assert cur.returncode == 0, cur.stderr
+    assert json.loads(cur.stdout) == {"db": str(db), "current": SCHEMA_HEAD, "head": SCHEMA_HEAD, "up_to_date": True}
+    assert migrate.schema_diff(url_of(db)) == []
+
+
+# --------------------------------------------------------------------------------------------- PostgreSQL
+
+
+def _find_initdb() -> str | None:
+    found = shutil.which("initdb")
+    if found:
+        return found
+    candidates = sorted(glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
+    return candidates[-1] if candidates else None
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A throw-away PostgreSQL server on a unix socket in a temp directory; skips when it cannot run here."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("PostgreSQL test needs the psycopg driver: pip install '.[postgres]'")
+    initdb = _find_initdb()
+    if initdb is None:
+        pytest.skip("PostgreSQL test needs the server binaries (initdb, pg_ctl) on PATH or in /usr/lib/postgresql")
+    pg_ctl = str(Path(initdb).with_name("pg_ctl"))
+    as_user: list[str] = []
+    owner: int | None = None
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        try:
+            owner = pwd.getpwnam("postgres").pw_uid
+        except KeyError:
+            pytest.skip("running as root and there is no `postgres` user to run the server as")
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root and `runuser` is missing")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    base = Path(tempfile.mkdtemp(prefix="ledger-pg-"))  # not tmp_path: the postgres user must reach it
+    if owner is not None:
+        os.chown(base, owner, -1)
+    data, log = base / "data", base / "server.log"
+    started = False
+    try:
+        subprocess.run([*as_user, initdb, "-D", str(data), "-U", "ledger", "--auth=trust", "-E", "UTF8",
+                        "--locale=C", "--no-sync"], check=True, capture_output=True, timeout=60)
+        options = f"-k {base} -c listen_addresses='' -c fsync=off -c full_page_writes=off"
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(log), "-w", "-t", "30", "-o", options,
+                        "start"], check=True, capture_output=True, timeout=60)
+        started = True
+        yield f"postgresql+psycopg://ledger@/postgres?host={base}"
+    finally:
+        if started:
+            subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
+                           timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_postgresql_schema_store_and_round_trip(postgres_url: str, make_chain: Callable[..., ReceiptChain]) -> None:
+    t0 = time.monotonic()
+    url = postgres_url
+    assert migrate.current(url) is None
+    migrate.upgrade(url)
+    assert migrate.current(url) == SCHEMA_HEAD
+    # On PostgreSQL compare_metadata also checks foreign keys; names are compared directly either way.
+    assert migrate.schema_diff(url) == []
+    assert reflected_names(url) == model_names()
+
+    chain = make_chain()
+    with Store.open(url) as store:
+        stored = store.append_many(chain.receipts())
+        assert store.append(chain.eval).seq == stored[-1].seq  # appending again is a no-op
+        assert store.count() == len(chain.receipts())
+        assert [s.receipt.id for s in store.find(kind="checkpoint")] == [c.id for c in chain.checkpoints]
+        assert {s.receipt.id for s in store.ancestors(chain.eval.id)} == \
+            {r.id for r in chain.receipts()} - {chain.contract.id}
+        assert {s.receipt.id for s in store.descendants(chain.train_start.id)} == \
+            {chain.train_start.id, *(c.id for c in chain.checkpoints), chain.train_end.id, chain.eval.id}
+        assert store.resolve(chain.eval.id.removeprefix("blake3:")[:12]) == chain.eval.id
+        assert verify_receipt(store, chain.eval.id).receipts_checked == len(chain.receipts()) - 1
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE alembic_version SET version_num = 'ffff_future'")
+        with pytest.raises(UnknownSchema):
+            Store.open(url)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE alembic_version SET version_num = '{SCHEMA_HEAD}'")
+    finally:
+        engine.dispose()
+
+    migrate.downgrade(url, "base")
+    assert migrate.current(url) is None and table_names(url) & LEDGER_TABLES == set()
+    migrate.upgrade(url)
+    assert migrate.schema_diff(url) == []
+    assert time.monotonic() - t0 < 30
