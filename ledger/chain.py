@@ -90,7 +90,9 @@ def _train_start(r: Receipt, parents: list[Receipt]) -> None:
     _one_parent(r, parents, {"prepare"}, "prepare receipt")
 
 
-def _previous_state(r: Receipt, parents: list[Receipt]) -> Receipt:
+def _previous_state(r: Receipt, parents: list[Receipt], *, after_checkpoint: bool = True) -> Receipt:
+    """The one state receipt ``r`` continues from. A checkpoint must be later than the checkpoint before it; a
+    train-end may sit at its final checkpoint's step (``after_checkpoint=False``)."""
     prev = _one_parent(r, parents, STATE_KINDS, "previous state")
     if prev.rank != r.rank:
         raise _broken(r, f"the previous state {prev.id} belongs to another rank", field="rank",
@@ -99,10 +101,10 @@ def _previous_state(r: Receipt, parents: list[Receipt]) -> Receipt:
         raise _broken(r, f"the previous state {prev.id} belongs to another run", field="run",
                       expected=prev.run, actual=r.run)
     assert prev.step is not None and r.step is not None
-    later = r.step > prev.step if prev.kind == "checkpoint" else r.step >= prev.step
-    if not later:
+    strict = prev.kind == "checkpoint" and after_checkpoint
+    if not (r.step > prev.step if strict else r.step >= prev.step):
         raise _broken(r, f"steps must increase after {prev.kind} {prev.id}", field="step",
-                      expected=f"> {prev.step}" if prev.kind == "checkpoint" else f">= {prev.step}", actual=r.step)
+                      expected=f"> {prev.step}" if strict else f">= {prev.step}", actual=r.step)
     return prev
 
 
@@ -115,7 +117,7 @@ def _checkpoint(r: Receipt, parents: list[Receipt]) -> None:
 
 def _train_end(r: Receipt, parents: list[Receipt]) -> None:
     _require(r, "prepared", "run", "rank", "step")
-    _previous_state(r, parents)
+    _previous_state(r, parents, after_checkpoint=False)
 
 
 def _restore(r: Receipt, parents: list[Receipt]) -> None:

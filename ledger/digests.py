@@ -126,6 +126,8 @@ def parse_canonical(data: bytes) -> Any:
         )
     except json.JSONDecodeError as exc:
         raise NonCanonical(f"not JSON: {exc.msg} at char {exc.pos}") from exc
+    except (ValueError, RecursionError) as exc:  # an integer of over 4,300 digits; nesting ~1,000 deep
+        raise NonCanonical(f"out of range: {str(exc)[:80]}") from exc
     again = canonical_bytes(value)
     if again != data:
         at = next((i for i, (a, b) in enumerate(zip(again, data)) if a != b), min(len(again), len(data)))
@@ -141,7 +143,7 @@ def format_digest(raw: bytes) -> str:
 
 
 def is_digest(text: object) -> bool:
-    return isinstance(text, str) and _DIGEST_RE.match(text) is not None
+    return isinstance(text, str) and _DIGEST_RE.fullmatch(text) is not None
 
 
 def check_digest(text: object, what: str = "digest") -> str:

@@ -67,6 +67,25 @@ class UnsafeFile(InputError):
         self.detail = detail
 
 
+class CheckpointExists(InputError):
+    """A checkpoint directory already exists; checkpoints are immutable, so it is never overwritten."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"checkpoint {path} already exists; checkpoints are immutable (choose a new name)")
+        self.path = path
+
+
+class CheckpointMismatch(InputError):
+    """A checkpoint does not fit the objects it is loaded into (names, shapes, dtypes, classes, components)."""
+
+    def __init__(self, path: str, detail: str, *, expected: Any = None, actual: Any = None) -> None:
+        super().__init__(f"checkpoint {path}: {detail}")
+        self.path = path
+        self.detail = detail
+        self.expected = expected
+        self.actual = actual
+
+
 # ------------------------------------------------------------------------------------------- lookup errors
 
 
@@ -105,6 +124,16 @@ class MissingArtifact(LookupFailed):
         self.name = name
 
 
+class MissingComponent(LookupFailed):
+    """A checkpoint lacks a component the caller needs (e.g. no outer optimizer state for a DiLoCo arm)."""
+
+    def __init__(self, path: str, component: str, present: list[str]) -> None:
+        super().__init__(f"checkpoint {path} has no {component!r} component (it has: {', '.join(present) or 'none'})")
+        self.path = path
+        self.component = component
+        self.present = present
+
+
 # ----------------------------------------------------------------------------------------- database errors
 
 
@@ -116,8 +145,8 @@ class SchemaOutOfDate(DatabaseError):
     def __init__(self, url: str, current: str | None, head: str) -> None:
         cur = current or "no schema"
         super().__init__(
-            f"database {url} is at revision {cur}, this ledger needs {head}: run `ledger db upgrade`"
-            + (f" --db {url}" if url else "")
+            f"database {url} is at revision {cur}, this ledger needs {head}: run `ledger db upgrade"
+            + (f" --db {url}`" if url else "`")
         )
         self.current = current
         self.head = head

@@ -55,7 +55,8 @@ class ReceiptRow(Base):
     )
 
     def to_receipt(self) -> Receipt:
-        return Receipt.from_bytes(self.body)
+        body = self.body if isinstance(self.body, bytes) else str(self.body).encode("utf-8", "surrogatepass")
+        return Receipt.from_bytes(body)  # a BLOB edited by the sqlite3 shell comes back as TEXT
 
 
 class ParentRow(Base):

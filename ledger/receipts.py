@@ -149,10 +149,10 @@ def validate_fields(doc: Any) -> None:
         raise MalformedReceipt(f"v: expected schema version {SCHEMA_VERSION}, got {doc['v']!r}")
     if doc["alg"] != digests.ALGORITHM:
         raise MalformedReceipt(f"alg: expected {digests.ALGORITHM!r}, got {doc['alg']!r}")
-    if doc["kind"] not in KINDS:
+    if not isinstance(doc["kind"], str) or doc["kind"] not in KINDS:
         raise MalformedReceipt(f"kind: {doc['kind']!r} is not one of {', '.join(sorted(KINDS))}")
     run = doc["run"]
-    if run is not None and (not isinstance(run, str) or not _NAME_RE.match(run)):
+    if run is not None and (not isinstance(run, str) or not _NAME_RE.fullmatch(run)):
         raise MalformedReceipt(f"run: expected null or a name matching {_NAME_RE.pattern}, got {run!r}")
     for name in ("rank", "step"):
         value = doc[name]
@@ -174,7 +174,7 @@ def validate_fields(doc: Any) -> None:
     if not isinstance(artifacts, Mapping):
         raise MalformedReceipt("artifacts: expected an object of name -> digest")
     for name, value in artifacts.items():
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise MalformedReceipt(f"artifacts: bad name {name!r}")
         if not digests.is_digest(value):
             raise MalformedReceipt(f"artifacts.{name}: {value!r} is not blake3:<64 hex>")

@@ -1,0 +1,116 @@
+"""Shared fixtures: a fresh SQLite ledger file and a builder for a valid receipt chain."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+from ledger import digests
+from ledger.chain import prepared_digest, selection_digest
+from ledger.receipts import Receipt, make_receipt
+from ledger.store import Store
+
+# Property tests keep no example database: throw-away files belong under temporary directories, not the repo.
+settings.register_profile("ledger", database=None)
+settings.load_profile("ledger")
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_ledger_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's LEDGER_DB / LEDGER_ARTIFACTS / LEDGER_DEBUG must not leak into tests."""
+    for name in ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def ledger_db(tmp_path: Path) -> Iterator[Path]:
+    """Path of a fresh SQLite ledger (schema at head) under tmp_path."""
+    path = tmp_path / "ledger.db"
+    store = Store.open(path, create=True)
+    store.close()
+    yield path
+
+
+def fake_digest(label: str) -> str:
+    """A well-formed digest standing for an artifact whose bytes the test does not need."""
+    return digests.raw_digest(label.encode())
+
+
+@dataclass(frozen=True)
+class ReceiptChain:
+    """prepare -> selection, contract, train-start -> checkpoints -> train-end -> eval (one rank of one run)."""
+
+    prepare: Receipt
+    selection: Receipt
+    contract: Receipt
+    train_start: Receipt
+    checkpoints: tuple[Receipt, ...]
+    train_end: Receipt
+    eval: Receipt
+
+    @property
+    def prepared(self) -> str:
+        assert self.prepare.prepared is not None
+        return self.prepare.prepared
+
+    def receipts(self) -> list[Receipt]:
+        """Every receipt, parents before children (an order the store accepts in one batch)."""
+        return [self.prepare, self.selection, self.contract, self.train_start, *self.checkpoints,
+                self.train_end, self.eval]
+
+
+def build_chain(
+    *,
+    run: str = "run-a",
+    rank: int = 0,
+    checkpoint_steps: Sequence[int] = (2, 4),
+    end_step: int = 6,
+    salt: str = "",
+    prepare_artifacts: Mapping[str, str] | None = None,
+) -> ReceiptChain:
+    """Build a valid chain with make_receipt; ``salt`` makes an otherwise identical chain distinct."""
+    prep_arts = {
+        "data": fake_digest(f"{salt}data"),
+        "tokenizer": fake_digest(f"{salt}tokenizer"),
+        "model": fake_digest(f"{salt}seed-model"),
+        "config": fake_digest(f"{salt}config"),
+        **(prepare_artifacts or {}),
+    }
+    prepared = prepared_digest(prep_arts)
+    prepare = make_receipt("prepare", prepared=prepared, artifacts=prep_arts)
+    sel_arts = {"documents": fake_digest(f"{salt}documents"), "probes": fake_digest(f"{salt}probes")}
+    selection = make_receipt("selection", prepared=prepared, selection=selection_digest(sel_arts),
+                             parents=[prepare], artifacts=sel_arts)
+    contract = make_receipt("contract", prepared=prepared, parents=[prepare],
+                            measurements={"min_gain": 0.05, "max_bytes_ratio": 0.1})
+    start = make_receipt("train-start", run=run, rank=rank, step=0, prepared=prepared, parents=[prepare],
+                         measurements={"world": 1})
+    prev = start
+    checkpoints = []
+    for step in checkpoint_steps:
+        prev = make_receipt(
+            "checkpoint", run=run, rank=rank, step=step, prepared=prepared, parents=[prev],
+            artifacts={"state": fake_digest(f"{salt}{run}/{rank}/state/{step}"),
+                       "model": fake_digest(f"{salt}{run}/{rank}/model/{step}"),
+                       "config": prep_arts["config"]},
+            measurements={"loss": 1.0 / (step + 1)},
+        )
+        checkpoints.append(prev)
+    final_model = fake_digest(f"{salt}{run}/{rank}/model/final")
+    end = make_receipt("train-end", run=run, rank=rank, step=end_step, prepared=prepared, parents=[prev],
+                       artifacts={"model": final_model}, measurements={"loop_seconds": 1.5})
+    ev = make_receipt("eval", run=run, prepared=prepared, selection=selection.selection,
+                      parents=[selection, end],
+                      artifacts={"model": final_model, "outcomes": fake_digest(f"{salt}{run}/outcomes")},
+                      measurements={"exact_match": 17, "documents": 1024})
+    return ReceiptChain(prepare, selection, contract, start, tuple(checkpoints), end, ev)
+
+
+@pytest.fixture
+def make_chain() -> Callable[..., ReceiptChain]:
+    """The chain builder (see :func:`build_chain` for its keyword arguments)."""
+    return build_chain

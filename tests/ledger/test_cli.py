@@ -1,0 +1,301 @@
+"""The `ledger` CLI (ledger/cli.py) through typer's CliRunner: commands, --json, errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from ledger.cli import app
+from ledger.errors import AmbiguousReceipt, LedgerError, UnknownReceipt
+from ledger.models import SCHEMA_HEAD
+from ledger.receipts import Receipt, make_receipt
+from ledger.store import Store
+from tests.conftest import ReceiptChain
+
+MakeChain = Callable[..., ReceiptChain]
+runner = CliRunner()
+
+
+def run(*args: str | Path, input: bytes | str | None = None, env: dict[str, str] | None = None) -> Result:
+    return runner.invoke(app, [str(a) for a in args], input=input, env=env)
+
+
+def ok(*args: str | Path, input: bytes | str | None = None) -> Result:
+    result = run(*args, input=input)
+    assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+    assert result.stderr == ""
+    return result
+
+
+def fails(code: int, *args: str | Path, input: bytes | str | None = None) -> str:
+    """Run, expect ``code``, and return the single error line from stderr."""
+    result = run(*args, input=input)
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ledger: error: ")
+    assert result.stdout == ""
+    assert not isinstance(result.exception, LedgerError)  # mapped, not leaked (see the LEDGER_DEBUG test)
+    return lines[0]
+
+
+def write_receipts(path: Path, receipts: list[Receipt]) -> Path:
+    path.write_bytes(b"".join(r.body + b"\n" for r in receipts))
+    return path
+
+
+@pytest.fixture
+def chain_db(ledger_db: Path, make_chain: MakeChain) -> tuple[Path, ReceiptChain]:
+    c = make_chain()
+    with Store.open(ledger_db) as store:
+        store.append_many(c.receipts())
+    return ledger_db, c
+
+
+def two_sharing_a_prefix() -> tuple[Receipt, Receipt]:
+    seen: dict[str, Receipt] = {}
+    i = 0
+    while True:
+        r = make_receipt("note", measurements={"n": i})
+        if r.id[7:11] in seen:
+            return seen[r.id[7:11]], r
+        seen[r.id[7:11]] = r
+        i += 1
+
+
+# ------------------------------------------------------------------------------------------ happy paths
+
+
+def test_stderr_is_separate_from_stdout() -> None:
+    # The assertions below rely on CliRunner keeping stderr apart (click >= 8.2 does by default).
+    result = run("show", "abcd", "--db", "/nonexistent/dir/ledger.db")
+    assert result.stderr and "ledger: error:" not in result.stdout
+
+
+def test_help_lists_the_commands() -> None:
+    result = ok("--help")
+    for command in ("init", "append", "show", "log", "verify", "db"):
+        assert command in result.stdout
+
+
+def test_init_creates_the_database(tmp_path: Path) -> None:
+    db = tmp_path / "sub" / "ledger.db"
+    db.parent.mkdir()
+    result = ok("init", "--db", db)
+    assert "ledger ready" in result.stdout and db.exists()
+    again = json.loads(ok("init", "--db", db, "--json").stdout)
+    assert again == {"db": str(db), "receipts": 0}
+
+
+def test_init_uses_the_env_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "from-env.db"
+    monkeypatch.setenv("LEDGER_DB", str(db))
+    ok("init")
+    assert db.exists()
+
+
+def test_append_file_with_several_receipts(tmp_path: Path, ledger_db: Path, make_chain: MakeChain) -> None:
+    c = make_chain()
+    path = write_receipts(tmp_path / "receipts.jsonl", c.receipts())
+    result = ok("append", path, "--db", ledger_db)
+    assert f"{len(c.receipts())} appended, 0 already present" in result.stdout
+    for r in c.receipts():
+        assert r.id in result.stdout
+    again = json.loads(ok("append", path, "--db", ledger_db, "--json").stdout)
+    assert again == {"appended": 0, "existing": len(c.receipts()), "ids": [r.id for r in c.receipts()]}
+    with Store.open(ledger_db) as store:
+        assert store.count() == len(c.receipts())
+
+
+def test_append_one_receipt_without_trailing_newline(tmp_path: Path, ledger_db: Path) -> None:
+    r = make_receipt("note", run="cli", measurements={"x": 1})
+    path = tmp_path / "one.json"
+    path.write_bytes(r.body)
+    out = json.loads(ok("append", path, "--db", ledger_db, "--json").stdout)
+    assert out == {"appended": 1, "existing": 0, "ids": [r.id]}
+
+
+def test_append_from_stdin(ledger_db: Path, make_chain: MakeChain) -> None:
+    c = make_chain()
+    data = b"".join(r.body + b"\n" for r in c.receipts()[:3])
+    out = json.loads(ok("append", "-", "--db", ledger_db, "--json", input=data).stdout)
+    assert out["appended"] == 3 and out["ids"] == [r.id for r in c.receipts()[:3]]
+
+
+def test_show_table_json_and_raw(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    r = c.checkpoints[0]
+    table = ok("show", r.id, "--db", db).stdout
+    assert table.startswith("checkpoint receipt")
+    # rich folds long cells at the runner's 80 columns: glue the value column back together.
+    values = "".join(line.split("│")[2].strip() for line in table.splitlines() if line.count("│") == 3)
+    for expected in (r.id, "run-a", r.artifacts["state"], c.train_start.id, "0.3333333333333333"):
+        assert expected in values
+
+    shown = json.loads(ok("show", r.id[7:19], "--db", db, "--json").stdout)
+    assert shown["id"] == r.id and shown["receipt"] == r.to_document()
+    assert isinstance(shown["seq"], int) and isinstance(shown["recorded_ns"], int)
+
+    raw = ok("show", r.id, "--db", db, "--raw")
+    assert raw.stdout_bytes == r.body + b"\n"
+    assert Receipt.from_bytes(raw.stdout_bytes[:-1]).id == r.id
+
+
+def test_log_filters_and_json(chain_db: tuple[Path, ReceiptChain], make_chain: MakeChain) -> None:
+    db, c = chain_db
+    other = make_chain(run="run-b", rank=1, salt="b-")
+    with Store.open(db) as store:
+        store.append_many(other.receipts())
+
+    def ids(*args: str) -> list[str]:
+        return [entry["id"] for entry in json.loads(ok("log", "--db", db, "--json", *args).stdout)]
+
+    assert len(ids()) == 2 * len(c.receipts())
+    assert ids("--kind", "checkpoint") == [r.id for r in (*c.checkpoints, *other.checkpoints)]
+    assert ids("--run", "run-b") == [other.train_start.id, *(r.id for r in other.checkpoints),
+                                     other.train_end.id, other.eval.id]
+    assert set(ids("--prepared", c.prepared)) == {r.id for r in c.receipts()}
+    assert c.selection.selection is not None
+    assert ids("--selection", c.selection.selection) == [c.selection.id, c.eval.id]
+    assert ids("--rank", "1", "--kind", "train-end") == [other.train_end.id]
+    assert len(ids("--limit", "2")) == 2
+    entry = json.loads(ok("log", "--db", db, "--json", "--kind", "eval", "--run", "run-a").stdout)[0]
+    assert entry["receipt"] == c.eval.to_document()
+
+    table = ok("log", "--db", db, "--kind", "train-start").stdout
+    assert c.train_start.id[:23] in table and other.train_start.id[:23] in table
+    assert "2 receipt(s)" in table
+
+
+def test_verify_ok_and_json(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    result = ok("verify", c.eval.id, "--db", db)
+    assert result.stdout.startswith(f"OK {c.eval.id}")
+    n = len(c.receipts()) - 1  # everything but the contract is an ancestor of the eval
+    assert f"{n} receipt(s) recomputed" in result.stdout
+    report = json.loads(ok("verify", c.eval.id[7:20], "--db", db, "--json").stdout)
+    assert report["ok"] is True and report["receipt"] == c.eval.id
+    assert report["receipts_checked"] == n
+    # Fake artifact digests have no bytes anywhere: reported missing, not verified.
+    assert report["artifacts_verified"] == 0
+    cited = {(r.id, name) for r in c.receipts() if r is not c.contract for name in r.artifacts}
+    assert {(m["receipt"], m["name"]) for m in report["artifacts_missing"]} == cited
+
+
+def test_db_current(ledger_db: Path, tmp_path: Path) -> None:
+    out = json.loads(ok("db", "current", "--db", ledger_db, "--json").stdout)
+    assert out == {"db": str(ledger_db), "current": SCHEMA_HEAD, "head": SCHEMA_HEAD, "up_to_date": True}
+    assert "up to date" in ok("db", "current", "--db", ledger_db).stdout
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+def test_malformed_receipt_file(tmp_path: Path, ledger_db: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_bytes(b'{"kind":"note"}\n')
+    line = fails(2, "append", path, "--db", ledger_db)
+    assert "malformed receipt" in line and "fields" in line
+
+
+def test_malformed_line_names_its_line(tmp_path: Path, ledger_db: Path) -> None:
+    good = make_receipt("note")
+    doc = good.to_document()
+    doc["kind"] = "bogus"
+    bad = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    path = tmp_path / "two.jsonl"
+    path.write_bytes(good.body + b"\n" + bad + b"\n")
+    assert "kind" in fails(2, "append", path, "--db", ledger_db)
+    with Store.open(ledger_db) as store:
+        assert store.count() == 0
+
+
+def test_non_canonical_bytes(tmp_path: Path, ledger_db: Path) -> None:
+    r = make_receipt("note", measurements={"a": 1})
+    pretty = json.dumps(r.to_document(), indent=2, sort_keys=True).encode()
+    path = tmp_path / "pretty.json"
+    path.write_bytes(pretty)
+    assert "non-canonical" in fails(2, "append", path, "--db", ledger_db)
+    spaced = r.body.replace(b'"a":1', b'"a": 1')
+    assert "non-canonical" in fails(2, "append", "-", "--db", ledger_db, input=spaced)
+
+
+def test_empty_input(ledger_db: Path) -> None:
+    assert "no receipt" in fails(2, "append", "-", "--db", ledger_db, input=b"\n\n")
+
+
+def test_append_file_not_found(tmp_path: Path, ledger_db: Path) -> None:
+    assert "absent.json" in fails(2, "append", tmp_path / "absent.json", "--db", ledger_db)
+
+
+def test_missing_parents_on_append(tmp_path: Path, ledger_db: Path) -> None:
+    parent = make_receipt("note", measurements={"p": 1})
+    child = make_receipt("note", parents=[parent])
+    line = fails(3, "append", write_receipts(tmp_path / "c.jsonl", [child]), "--db", ledger_db)
+    assert parent.id in line and "parent" in line
+
+
+def test_unknown_id(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, _ = chain_db
+    absent = make_receipt("note", measurements={"absent": True}).id
+    for command in ("show", "verify"):
+        assert "no receipt matches" in fails(3, command, absent, "--db", db)
+
+
+def test_ambiguous_prefix(ledger_db: Path) -> None:
+    a, b = two_sharing_a_prefix()
+    with Store.open(ledger_db) as store:
+        store.append_many([a, b])
+    for command in ("show", "verify"):
+        line = fails(3, command, a.id[7:11], "--db", ledger_db)
+        assert "matches 2 receipts" in line and a.id[:19] in line and b.id[:19] in line
+
+
+def test_truncated_hex(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    for command in ("show", "verify"):
+        assert "64 lowercase hex" in fails(2, command, c.eval.id[:-3], "--db", db)
+    assert "too short" in fails(2, "show", c.eval.id[7:9], "--db", db)
+    assert "--prepared" in fails(2, "log", "--db", db, "--prepared", c.prepared[:-1])
+
+
+def test_missing_database(tmp_path: Path) -> None:
+    absent = tmp_path / "absent.db"
+    for args in (("show", "abcd"), ("log",), ("verify", "abcd"), ("append", "-")):
+        line = fails(4, *args, "--db", absent, input=make_receipt("note").body)
+        assert "ledger init" in line
+    assert not absent.exists()
+
+
+def test_database_at_unknown_revision(ledger_db: Path) -> None:
+    with sqlite3.connect(ledger_db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = 'zzzz'")
+    line = fails(4, "log", "--db", ledger_db)
+    assert "zzzz" in line and "ledger db upgrade" in line
+    out = json.loads(ok("db", "current", "--db", ledger_db, "--json").stdout)
+    assert out["current"] == "zzzz" and out["up_to_date"] is False
+
+
+def test_debug_env_lets_the_exception_through(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    absent = make_receipt("note", measurements={"absent": True}).id
+    result = run("show", absent, "--db", db, env={"LEDGER_DEBUG": "1"})
+    assert isinstance(result.exception, UnknownReceipt)
+    assert result.exit_code != 0
+    a_prefix = c.eval.id[7:9]
+    result = run("show", a_prefix, "--db", db, env={"LEDGER_DEBUG": "1"})
+    assert isinstance(result.exception, LedgerError) and result.exception.exit_code == 2
+
+
+def test_debug_env_ambiguous(ledger_db: Path) -> None:
+    a, b = two_sharing_a_prefix()
+    with Store.open(ledger_db) as store:
+        store.append_many([a, b])
+    result: Any = run("verify", a.id[7:11], "--db", ledger_db, env={"LEDGER_DEBUG": "1"})
+    assert isinstance(result.exception, AmbiguousReceipt)

@@ -1,0 +1,352 @@
+"""The SQLite store (ledger/store.py) on real database files: appends, lookups, closures, pragmas."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+
+from ledger import digests
+from ledger.errors import (
+    AmbiguousReceipt,
+    ChainBroken,
+    DatabaseError,
+    InputError,
+    MalformedDigest,
+    MissingParents,
+    SchemaOutOfDate,
+    UnknownReceipt,
+    UnknownSchema,
+)
+from ledger.receipts import Receipt, make_receipt
+from ledger.store import Store, Stored
+from tests.conftest import ReceiptChain
+
+MakeChain = Callable[..., ReceiptChain]
+
+
+@pytest.fixture
+def store(ledger_db: Path) -> Iterator[Store]:
+    with Store.open(ledger_db) as s:
+        yield s
+
+
+def raw_count(db: Path, table: str = "receipts") -> int:
+    with sqlite3.connect(db) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def note(i: int, parents: list[Receipt] | None = None, **fields: Any) -> Receipt:
+    return make_receipt("note", parents=parents or [], measurements={"i": i}, **fields)
+
+
+def two_sharing_a_prefix(width: int = 4) -> tuple[Receipt, Receipt]:
+    """Two receipts whose ids share their first ``width`` hex digits (found by a birthday search)."""
+    seen: dict[str, Receipt] = {}
+    i = 0
+    while True:
+        r = note(i)
+        key = r.id[7 : 7 + width]
+        if key in seen:
+            return seen[key], r
+        seen[key] = r
+        i += 1
+
+
+# ------------------------------------------------------------------------------------------------- open
+
+
+def test_open_missing_path_without_create(tmp_path: Path) -> None:
+    path = tmp_path / "absent.db"
+    with pytest.raises(DatabaseError, match="ledger init") as info:
+        Store.open(path)
+    assert info.value.exit_code == 4
+    assert not path.exists()
+
+
+def test_open_sets_wal_full_sync_and_foreign_keys(store: Store) -> None:
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert (conn.exec_driver_sql("PRAGMA busy_timeout").scalar() or 0) >= 1000
+
+
+def test_wal_mode_persists_in_the_file(ledger_db: Path) -> None:
+    with sqlite3.connect(ledger_db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_open_checks_the_schema_revision(tmp_path: Path, ledger_db: Path) -> None:
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    with pytest.raises(SchemaOutOfDate, match="ledger db upgrade") as info:
+        Store.open(empty)
+    assert info.value.exit_code == 4
+    with sqlite3.connect(ledger_db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = 'zzzz'")
+    with pytest.raises(UnknownSchema, match="zzzz") as unknown:
+        Store.open(ledger_db)
+    assert unknown.value.exit_code == 4
+
+
+def test_create_on_an_existing_ledger_keeps_it(ledger_db: Path) -> None:
+    with Store.open(ledger_db) as s:
+        s.append(note(1))
+    with Store.open(ledger_db, create=True) as s:
+        assert s.count() == 1
+
+
+# ----------------------------------------------------------------------------------------------- append
+
+
+def test_append_returns_stored(store: Store, ledger_db: Path) -> None:
+    r = note(1)
+    stored = store.append(r)
+    assert isinstance(stored, Stored)
+    assert stored.receipt == r and stored.seq >= 1 and stored.recorded_ns > 0
+    with sqlite3.connect(ledger_db) as conn:
+        body, kind = conn.execute("SELECT body, kind FROM receipts WHERE id = ?", (r.id,)).fetchone()
+    assert body == r.body and kind == "note"
+
+
+def test_append_twice_is_one_row(store: Store, ledger_db: Path) -> None:
+    r = note(1)
+    first = store.append(r)
+    store.append(note(2))
+    again = store.append(Receipt.from_bytes(r.body))
+    assert again.seq == first.seq and again.recorded_ns == first.recorded_ns
+    assert raw_count(ledger_db) == 2
+    both = store.append_many([r, r])
+    assert [s.seq for s in both] == [first.seq, first.seq]
+    assert raw_count(ledger_db) == 2
+
+
+def test_append_with_missing_parent_writes_nothing(store: Store, ledger_db: Path) -> None:
+    parent = note(1)
+    child = note(2, parents=[parent], artifacts={"x": digests.raw_digest(b"x")})
+    with pytest.raises(MissingParents) as info:
+        store.append(child)
+    assert info.value.missing == [parent.id] and info.value.receipt == child.id
+    assert info.value.exit_code == 3
+    for table in ("receipts", "receipt_parents", "receipt_artifacts"):
+        assert raw_count(ledger_db, table) == 0
+
+
+def test_append_many_is_atomic(store: Store, ledger_db: Path, make_chain: MakeChain) -> None:
+    c = make_chain()
+    orphan = note(9, parents=[note(8)])
+    with pytest.raises(MissingParents):
+        store.append_many([*c.receipts(), orphan])
+    assert raw_count(ledger_db) == 0 and raw_count(ledger_db, "receipt_parents") == 0
+    # A chain-rule failure late in the batch also writes nothing.
+    bad_end = make_receipt("train-end", run="run-a", rank=0, step=1, prepared=c.prepared,
+                           parents=[c.checkpoints[-1]])
+    with pytest.raises(ChainBroken):
+        store.append_many([*c.receipts(), bad_end])
+    assert raw_count(ledger_db) == 0 and raw_count(ledger_db, "receipt_artifacts") == 0
+
+
+def test_parents_inside_the_same_batch(store: Store, ledger_db: Path, make_chain: MakeChain) -> None:
+    c = make_chain()
+    stored = store.append_many(c.receipts())
+    assert [s.receipt.id for s in stored] == [r.id for r in c.receipts()]
+    seqs = [s.seq for s in stored]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert raw_count(ledger_db) == len(c.receipts())
+    assert raw_count(ledger_db, "receipt_parents") == sum(len(r.parents) for r in c.receipts())
+    assert raw_count(ledger_db, "receipt_artifacts") == sum(len(r.artifacts) for r in c.receipts())
+
+
+def test_child_before_its_parent_in_a_batch_is_refused(store: Store) -> None:
+    a = note(1)
+    b = note(2, parents=[a])
+    with pytest.raises(MissingParents):
+        store.append_many([b, a])
+    assert store.count() == 0
+
+
+def test_append_checks_chain_rules_unless_told_not_to(store: Store, make_chain: MakeChain) -> None:
+    c = make_chain()
+    store.append_many(c.receipts()[:4])
+    bad = make_receipt("checkpoint", run="run-a", rank=0, step=1, prepared=c.prepared,
+                       parents=[c.train_start])  # no artifacts.state
+    with pytest.raises(ChainBroken):
+        store.append(bad)
+    assert store.append(bad, check=False).receipt == bad
+
+
+# ----------------------------------------------------------------------------------------------- resolve
+
+
+def test_resolve_full_id_and_prefixes(store: Store) -> None:
+    r = note(1)
+    store.append(r)
+    store.append(note(2))
+    hexpart = r.id.removeprefix("blake3:")
+    assert store.resolve(r.id) == r.id
+    assert store.resolve(hexpart) == r.id
+    assert store.resolve(hexpart[:12]) == r.id
+    assert store.resolve(hexpart[:12].upper()) == r.id
+    assert store.resolve(f"  {hexpart[:12]}\n") == r.id
+    assert store.get(hexpart[:10]).receipt == r
+
+
+@pytest.mark.parametrize("ref", ["abc", "a", ""])
+def test_prefix_too_short(store: Store, ref: str) -> None:
+    store.append(note(1))
+    with pytest.raises(InputError) as info:
+        store.resolve(ref)
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("ref", ["xyz12", "blake3", "12 34", "abcd\nef01", "0" * 65])
+def test_non_hex_reference(store: Store, ref: str) -> None:
+    with pytest.raises(InputError) as info:
+        store.resolve(ref)
+    assert type(info.value) is InputError
+    assert info.value.exit_code == 2
+
+
+def test_truncated_full_id(store: Store) -> None:
+    r = note(1)
+    store.append(r)
+    for ref in (r.id[:-1], r.id[:20], "blake3:", r.id + "0", r.id.upper().replace("BLAKE3", "blake3")):
+        with pytest.raises(MalformedDigest) as info:
+            store.resolve(ref)
+        assert info.value.exit_code == 2
+
+
+def test_unknown_reference(store: Store) -> None:
+    r = note(1)
+    store.append(r)
+    other = note(2)
+    with pytest.raises(UnknownReceipt) as info:
+        store.resolve(other.id)
+    assert info.value.exit_code == 3
+    # A prefix of another receipt's hex that does not prefix r's.
+    prefix = next(other.id[7 : 7 + n] for n in range(4, 64) if not r.id[7:].startswith(other.id[7 : 7 + n]))
+    with pytest.raises(UnknownReceipt):
+        store.resolve(prefix)
+
+
+def test_ambiguous_prefix(store: Store) -> None:
+    a, b = two_sharing_a_prefix()
+    store.append_many([a, b])
+    prefix = a.id[7:11]
+    with pytest.raises(AmbiguousReceipt) as info:
+        store.resolve(prefix)
+    assert info.value.exit_code == 3
+    assert sorted(info.value.candidates) == sorted([a.id, b.id])
+    # Enough digits disambiguate.
+    n = next(n for n in range(5, 65) if a.id[7 : 7 + n] != b.id[7 : 7 + n])
+    assert store.resolve(a.id[7 : 7 + n]) == a.id
+
+
+# -------------------------------------------------------------------------------------------------- find
+
+
+def test_find_by_each_field(store: Store, make_chain: MakeChain) -> None:
+    a = make_chain()
+    b = make_chain(run="run-b", rank=1, salt="b-")
+    store.append_many(a.receipts())
+    store.append_many(b.receipts())
+    ids = lambda found: [s.receipt.id for s in found]  # noqa: E731
+    assert ids(store.find(kind="checkpoint")) == [r.id for r in (*a.checkpoints, *b.checkpoints)]
+    assert ids(store.find(run="run-b")) == [b.train_start.id, *(r.id for r in b.checkpoints), b.train_end.id,
+                                            b.eval.id]
+    assert set(ids(store.find(prepared=b.prepared))) == {r.id for r in b.receipts()}
+    assert ids(store.find(selection=a.selection.selection)) == [a.selection.id, a.eval.id]
+    assert ids(store.find(rank=1)) == [b.train_start.id, *(r.id for r in b.checkpoints), b.train_end.id]
+    assert ids(store.find(kind="checkpoint", run="run-a", step=4)) == [a.checkpoints[1].id]
+    assert ids(store.find(rank=0, kind="train-start")) == [a.train_start.id]
+    assert len(store.find(limit=3)) == 3
+    assert len(store.find()) == store.count() == 2 * len(a.receipts())
+    assert store.find(kind="audit") == []
+    found = store.find(kind="eval")
+    assert [s.seq for s in found] == sorted(s.seq for s in found)
+
+
+# --------------------------------------------------------------------------------------------- closures
+
+
+def test_ancestors_and_descendants_with_diamonds(store: Store) -> None:
+    #      a
+    #     / \
+    #    b   c        e (unrelated)
+    #     \ / \
+    #      d   f
+    #       \ /
+    #        g
+    a = note(1)
+    b, c = note(2, [a]), note(3, [a])
+    d = note(4, [b, c])
+    f = note(5, [c])
+    g = note(6, [d, f])
+    e = note(7)
+    store.append_many([a, b, c, e, d, f, g])
+    ids = lambda found: [s.receipt.id for s in found]  # noqa: E731
+    assert ids(store.ancestors(g.id)) == [a.id, b.id, c.id, d.id, f.id, g.id]
+    assert ids(store.ancestors(d.id)) == [a.id, b.id, c.id, d.id]
+    assert ids(store.ancestors(a.id)) == [a.id]
+    assert ids(store.descendants(a.id)) == [a.id, b.id, c.id, d.id, f.id, g.id]
+    assert ids(store.descendants(c.id)) == [c.id, d.id, f.id, g.id]
+    assert ids(store.descendants(b.id[7:15])) == [b.id, d.id, g.id]
+    assert ids(store.descendants(g.id)) == [g.id]
+    assert ids(store.ancestors(e.id)) == ids(store.descendants(e.id)) == [e.id]
+
+
+def test_ancestors_use_a_bounded_number_of_statements(store: Store) -> None:
+    receipts = [note(0)]
+    for i in range(1, 200):
+        receipts.append(note(i, [receipts[-1]]))
+    store.append_many(receipts)
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        found = store.ancestors(receipts[-1].id)
+        up = len(statements)
+        statements.clear()
+        below = store.descendants(receipts[0].id)
+        down = len(statements)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+    assert len(found) == len(below) == 200
+    assert [s.receipt.id for s in found] == [r.id for r in receipts]
+    assert 1 <= up < 10 and 1 <= down < 10, (up, down)
+
+
+def test_rows_are_never_rewritten(store: Store, ledger_db: Path) -> None:
+    r = note(1)
+    first = store.append(r)
+    for _ in range(3):
+        store.append(r)
+    with sqlite3.connect(ledger_db) as conn:
+        rows = conn.execute("SELECT seq, recorded_ns FROM receipts").fetchall()
+    assert rows == [(first.seq, first.recorded_ns)]
+
+
+def test_locations_are_idempotent(store: Store) -> None:
+    d = digests.raw_digest(b"artifact")
+    store.add_location(d, "/somewhere/a")
+    store.add_location(d, "/somewhere/a")
+    store.add_location(d, "file:///elsewhere/b")
+    assert store.locations(d) == ["/somewhere/a", "file:///elsewhere/b"]
+    assert store.locations(digests.raw_digest(b"other")) == []
+
+
+def test_iter_rows_streams_in_append_order(store: Store) -> None:
+    receipts = [note(i) for i in range(12)]
+    store.append_many(receipts)
+    rows = list(store.iter_rows(batch=5))
+    assert [row.id for row in rows] == [r.id for r in receipts]
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM receipts")).scalar() == 12

@@ -1,0 +1,338 @@
+"""Tamper evidence (verify/receipts.py): edit a real SQLite ledger behind the library's back, then verify.
+
+Each tamper is made with the stdlib sqlite3 module (no foreign keys, no library code), as an operator with write
+access to the file could; `ledger verify` on a descendant must fail naming the receipt and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from ledger import digests
+from ledger.artifacts import ArtifactStore, default_root
+from ledger.chain import prepared_digest
+from ledger.cli import app
+from ledger.errors import ChainBroken, DigestMismatch, MissingArtifact, RecordMismatch, VerificationError
+from ledger.receipts import make_receipt
+from ledger.store import Store
+from tests.conftest import ReceiptChain
+from verify.receipts import verify_receipt
+
+MakeChain = Callable[..., ReceiptChain]
+runner = CliRunner()
+
+
+def verify_cli(db: Path, ref: str, *extra: str) -> Result:
+    return runner.invoke(app, ["verify", ref, "--db", str(db), *extra])
+
+
+def failed_line(result: Result, code: int = 1) -> str:
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ledger: error: "), result.stderr
+    return lines[0]
+
+
+def sql(db: Path, statement: str, *params: Any) -> int:
+    """Run one statement on the raw file; returns the number of rows changed (must be > 0 for a tamper)."""
+    conn = sqlite3.connect(db)
+    try:
+        with conn:
+            changed = conn.execute(statement, params).rowcount
+    finally:
+        conn.close()
+    return changed
+
+
+def library_error(db: Path, ref: str) -> VerificationError:
+    with Store.open(db) as store, pytest.raises(VerificationError) as info:
+        verify_receipt(store, ref)
+    return info.value
+
+
+@pytest.fixture
+def chain_db(ledger_db: Path, make_chain: MakeChain) -> tuple[Path, ReceiptChain]:
+    c = make_chain()
+    with Store.open(ledger_db) as store:
+        store.append_many(c.receipts())
+    assert verify_cli(ledger_db, c.eval.id).exit_code == 0
+    return ledger_db, c
+
+
+# -------------------------------------------------------------------------------------------------- bodies
+
+
+@pytest.mark.parametrize("position", [0, 40, -2, -1])
+def test_one_byte_of_an_ancestor_body(chain_db: tuple[Path, ReceiptChain], position: int) -> None:
+    db, c = chain_db
+    victim = c.train_start
+    body = bytearray(victim.body)
+    body[position] ^= 0x01
+    assert sql(db, "UPDATE receipts SET body = ? WHERE id = ?", bytes(body), victim.id) == 1
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert victim.id in line and "body" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, DigestMismatch)
+    assert err.receipt == victim.id and err.field == "body" and err.expected == victim.id
+
+
+def test_body_edited_with_sql_replace(chain_db: tuple[Path, ReceiptChain]) -> None:
+    # What an operator would type in the sqlite3 shell; replace() on a BLOB stores TEXT, which must not crash.
+    db, c = chain_db
+    victim = c.train_start
+    assert b'"world":1' in victim.body
+    changed = sql(db, "UPDATE receipts SET body = replace(body, '\"world\":1', '\"world\":4') WHERE id = ?",
+                  victim.id)
+    assert changed == 1
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert victim.id in line and "body" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, DigestMismatch) and err.receipt == victim.id and err.field == "body"
+
+
+def test_consistent_rewrite_of_an_ancestor_is_caught_at_its_child(chain_db: tuple[Path, ReceiptChain]) -> None:
+    # Replace train-start's body AND id: the row checks out alone, but its child's body names the old id.
+    db, c = chain_db
+    old = c.train_start
+    forged = make_receipt("train-start", run=old.run, rank=old.rank, step=old.step, prepared=old.prepared,
+                          parents=list(old.parents), measurements={"world": 4})
+    sql(db, "PRAGMA foreign_keys = OFF")
+    assert sql(db, "UPDATE receipts SET id = ?, body = ? WHERE id = ?", forged.id, forged.body, old.id) == 1
+    sql(db, "UPDATE receipt_parents SET child = ? WHERE child = ?", forged.id, old.id)
+    child = c.checkpoints[0]
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert child.id in line and "parent" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, ChainBroken) and err.receipt == child.id and err.field == "parents"
+    # Re-pointing the child's edge too only moves the mismatch to the child's parent list.
+    sql(db, "UPDATE receipt_parents SET parent = ? WHERE parent = ?", forged.id, old.id)
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert child.id in line and "parents" in line
+
+
+# ------------------------------------------------------------------------------------------------- edges
+
+
+def test_edge_pointed_at_another_receipt(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    child = c.checkpoints[0]
+    changed = sql(db, "UPDATE receipt_parents SET parent = ? WHERE child = ? AND parent = ?",
+                  c.contract.id, child.id, c.train_start.id)
+    assert changed == 1
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert child.id in line and "parents" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, RecordMismatch) and err.receipt == child.id and err.field == "parents"
+    assert err.expected == [c.train_start.id] and err.actual == [c.contract.id]
+
+
+@pytest.mark.parametrize("which", ["train_end", "eval"])
+def test_deleted_edge(chain_db: tuple[Path, ReceiptChain], which: str) -> None:
+    db, c = chain_db
+    child = getattr(c, which)
+    victim_parent = child.parents[0]
+    assert sql(db, "DELETE FROM receipt_parents WHERE child = ? AND parent = ?", child.id, victim_parent) == 1
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert child.id in line and "parents" in line
+    err = library_error(db, c.eval.id)
+    assert err.receipt == child.id and err.field == "parents"
+
+
+def test_added_edge(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    sql(db, "INSERT INTO receipt_parents (child, parent) VALUES (?, ?)", c.train_end.id, c.contract.id)
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert c.train_end.id in line and "parents" in line
+
+
+def test_deleted_ancestor_row(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    assert sql(db, "DELETE FROM receipts WHERE id = ?", c.train_start.id) == 1
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert c.checkpoints[0].id in line and c.train_start.id in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, ChainBroken) and err.receipt == c.checkpoints[0].id and err.field == "parents"
+
+
+# ------------------------------------------------------------------------------------------ artifact rows
+
+
+def test_one_hex_char_of_an_artifact_digest(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    victim = c.checkpoints[1]
+    good = victim.artifacts["state"]
+    bad = good[:-1] + ("0" if good[-1] != "0" else "1")
+    assert sql(db, "UPDATE receipt_artifacts SET digest = ? WHERE receipt = ? AND name = 'state'", bad,
+               victim.id) == 1
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert victim.id in line and "artifacts.state" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, RecordMismatch) and err.receipt == victim.id and err.field == "artifacts.state"
+    assert err.expected == good and err.actual == bad
+
+
+def test_deleted_and_added_artifact_rows(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    assert sql(db, "DELETE FROM receipt_artifacts WHERE receipt = ? AND name = 'outcomes'", c.eval.id) == 1
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert c.eval.id in line and "artifacts.outcomes" in line
+    sql(db, "INSERT INTO receipt_artifacts (receipt, name, digest) VALUES (?, 'outcomes', ?)", c.eval.id,
+        c.eval.artifacts["outcomes"])
+    sql(db, "INSERT INTO receipt_artifacts (receipt, name, digest) VALUES (?, 'extra', ?)", c.train_end.id,
+        c.eval.artifacts["outcomes"])
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert c.train_end.id in line and "artifacts.extra" in line
+
+
+# ---------------------------------------------------------------------------------------------- columns
+
+
+@pytest.mark.parametrize(
+    ("which", "column", "value"),
+    [
+        ("train_end", "kind", "checkpoint"),
+        ("checkpoints", "run", "run-z"),
+        ("checkpoints", "rank", 1),
+        ("checkpoints", "step", 3),
+        ("selection", "prepared", digests.raw_digest(b"other")),
+        ("eval", "selection", digests.raw_digest(b"other")),
+        ("eval", "run", None),
+    ],
+)
+def test_index_column_changed(chain_db: tuple[Path, ReceiptChain], which: str, column: str, value: Any) -> None:
+    db, c = chain_db
+    victim = c.checkpoints[0] if which == "checkpoints" else getattr(c, which)
+    assert sql(db, f"UPDATE receipts SET {column} = ? WHERE id = ?", value, victim.id) == 1
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert victim.id in line and f"stored {column}" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, RecordMismatch) and err.receipt == victim.id and err.field == column
+    assert err.expected == getattr(victim, column) and err.actual == value
+
+
+def test_tamper_outside_the_ancestry_is_out_of_scope(chain_db: tuple[Path, ReceiptChain]) -> None:
+    db, c = chain_db
+    sql(db, "UPDATE receipts SET kind = 'note' WHERE id = ?", c.contract.id)  # not an ancestor of the eval
+    assert verify_cli(db, c.eval.id).exit_code == 0
+    assert c.contract.id in failed_line(verify_cli(db, c.contract.id))
+
+
+# -------------------------------------------------------------------------------------------- artifacts
+
+
+@pytest.fixture
+def artifact_db(ledger_db: Path, make_chain: MakeChain) -> tuple[Path, ReceiptChain, Path, str]:
+    """A chain whose prepare cites a real file put into the default artifact store beside the database."""
+    with Store.open(ledger_db) as store:
+        artifacts = ArtifactStore(default_root(store.url))
+        data = b"family,variant,prompt\n" * 1000
+        digest = artifacts.put_bytes(data)
+        c = make_chain(prepare_artifacts={"data": digest})
+        store.append_many(c.receipts())
+    path = artifacts.path_for(digest)
+    assert path.is_file() and path.parent.parent.parent == ledger_db.parent / "artifacts"
+    assert digests.file_digest(path) == digest
+    return ledger_db, c, path, digest
+
+
+def verify_json(db: Path, ref: str, *extra: str) -> dict[str, Any]:
+    result = verify_cli(db, ref, "--json", *extra)
+    assert result.exit_code == 0, (result.output, result.exception)
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def test_present_artifact_is_verified(artifact_db: tuple[Path, ReceiptChain, Path, str]) -> None:
+    db, c, _path, digest = artifact_db
+    result = verify_cli(db, c.eval.id)
+    assert result.exit_code == 0 and "1 artifact(s) re-hashed" in result.stdout
+    report = verify_json(db, c.eval.id)
+    assert report["artifacts_verified"] == 1
+    assert digest not in {m["digest"] for m in report["artifacts_missing"]}
+    with Store.open(db) as store:
+        checks = verify_receipt(store, c.eval.id, artifacts=ArtifactStore(default_root(store.url))).artifacts
+    data_check = next(a for a in checks if a.name == "data")
+    assert data_check.status == "verified" and data_check.receipt == c.prepare.id
+
+
+def test_modified_artifact_fails(artifact_db: tuple[Path, ReceiptChain, Path, str]) -> None:
+    db, c, path, digest = artifact_db
+    content = bytearray(path.read_bytes())
+    content[123] ^= 0x20
+    path.write_bytes(bytes(content))
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert "'data'" in line and c.prepare.id in line and digest in line
+    with Store.open(db) as store, pytest.raises(DigestMismatch) as info:
+        verify_receipt(store, c.eval.id, artifacts=ArtifactStore(default_root(store.url)))
+    assert info.value.receipt == c.prepare.id and info.value.field == "artifacts.data"
+    assert info.value.expected == digest and info.value.actual == digests.file_digest(path)
+
+
+def test_deleted_artifact_is_missing_not_valid(artifact_db: tuple[Path, ReceiptChain, Path, str]) -> None:
+    db, c, path, digest = artifact_db
+    path.unlink()
+    result = verify_cli(db, c.eval.id)
+    assert result.exit_code == 0
+    assert "0 artifact(s) re-hashed" in result.stdout and f"missing: data {digest}" in result.stdout
+    report = verify_json(db, c.eval.id)
+    assert report["artifacts_verified"] == 0
+    assert {"receipt": c.prepare.id, "name": "data", "digest": digest} in report["artifacts_missing"]
+    # The chain's other artifacts are fake (never stored), so --require-artifacts fails on one of them.
+    assert "missing" in failed_line(verify_cli(db, c.eval.id, "--require-artifacts"), code=3)
+
+
+def test_require_artifacts(ledger_db: Path) -> None:
+    with Store.open(ledger_db) as store:
+        artifacts = ArtifactStore(default_root(store.url))
+        data, model = artifacts.put_bytes(b"data " * 100), artifacts.put_bytes(b"model " * 100)
+        prep_arts = {"data": data, "model": model}
+        prepare = make_receipt("prepare", prepared=prepared_digest(prep_arts), artifacts=prep_arts)
+        child = make_receipt("note", prepared=prepare.prepared, parents=[prepare], artifacts={"again": data})
+        store.append_many([prepare, child])
+    report = verify_json(ledger_db, child.id, "--require-artifacts")
+    assert report["artifacts_verified"] == 3 and report["artifacts_missing"] == []
+    artifacts.path_for(model).unlink()
+    line = failed_line(verify_cli(ledger_db, child.id, "--require-artifacts"), code=3)
+    assert model in line and "'model of receipt" in line and prepare.id in line and "missing" in line
+    with Store.open(ledger_db) as store, pytest.raises(MissingArtifact) as info:
+        verify_receipt(store, child.id, artifacts=artifacts, require_artifacts=True)
+    assert info.value.digest == model and info.value.exit_code == 3
+    assert verify_json(ledger_db, child.id)["artifacts_missing"] == [
+        {"receipt": prepare.id, "name": "model", "digest": model}
+    ]
+
+
+@pytest.mark.parametrize("as_uri", [False, True])
+def test_moved_copy_registered_as_a_location(artifact_db: tuple[Path, ReceiptChain, Path, str], tmp_path: Path,
+                                              as_uri: bool) -> None:
+    db, c, path, digest = artifact_db
+    moved = tmp_path / "elsewhere" / "prompts.csv"
+    moved.parent.mkdir()
+    shutil.move(path, moved)
+    assert verify_json(db, c.eval.id)["artifacts_verified"] == 0
+    with Store.open(db) as store:
+        store.add_location(digest, moved.as_uri() if as_uri else str(moved))
+    assert verify_json(db, c.eval.id)["artifacts_verified"] == 1
+    # A wrong copy at the registered location is not trusted.
+    moved.write_bytes(b"something else")
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert "'data'" in line and str(moved) in line
+
+
+def test_artifacts_option_and_env_choose_the_root(artifact_db: tuple[Path, ReceiptChain, Path, str],
+                                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db, c, path, digest = artifact_db
+    other_root = tmp_path / "mirror"
+    shutil.move(path.parent.parent.parent, other_root)
+    assert verify_json(db, c.eval.id)["artifacts_verified"] == 0
+    assert verify_json(db, c.eval.id, "--artifacts", str(other_root))["artifacts_verified"] == 1
+    monkeypatch.setenv("LEDGER_ARTIFACTS", str(other_root))
+    assert verify_json(db, c.eval.id)["artifacts_verified"] == 1
