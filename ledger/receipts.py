@@ -36,6 +36,7 @@ KINDS: Final = frozenset(
         "restore",  # which checkpoint a rank restored
         "comparison",  # uninterrupted vs recovered, or model vs model
         "eval",  # per-document outcomes of a model on the selection
+        "quality",  # the pre-registered quality contract judged from paired comparisons
         "serve-phase",  # one serving phase
         "replica",  # a serving replica proving the model it loaded
         "audit",  # the recomputed report

@@ -16,9 +16,9 @@ from typing import Any, Literal
 from ledger import chain, digests
 from ledger.artifacts import ArtifactStore, recompute
 from ledger.errors import DigestMismatch, LedgerError, MissingArtifact, RecordMismatch, VerificationError
-from ledger.models import ArtifactRow, ParentRow, ReceiptRow
+from ledger.models import ReceiptRow
 from ledger.receipts import Receipt
-from ledger.store import Store
+from ledger.store import ArtifactRef, ParentEdge, Store
 
 ArtifactStatus = Literal["verified", "missing"]
 
@@ -57,14 +57,16 @@ class VerifyReport:
 _COLUMNS = ("kind", "run", "rank", "step", "prepared", "selection")
 
 
-def check_row(row: ReceiptRow, edges: list[ParentRow], arts: list[ArtifactRow]) -> Receipt:
+def check_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> Receipt:
     """Integrity of one stored receipt: its id, its body, and the index rows derived from the body."""
-    actual = digests.receipt_id(row.body)
+    # sqlite3's replace()/substr() on a BLOB store TEXT; hash whatever bytes the row holds, never crash on it
+    body = row.body if isinstance(row.body, bytes) else str(row.body).encode("utf-8", "surrogatepass")
+    actual = digests.receipt_id(body)
     if actual != row.id:
         raise DigestMismatch("receipt id does not recompute from the stored body", expected=row.id,
                              actual=actual, receipt=row.id, field="body")
     try:
-        receipt = Receipt.from_bytes(row.body)
+        receipt = Receipt.from_bytes(body)
     except LedgerError as exc:  # only a forged row can get here: the id matched a non-receipt body
         raise VerificationError(f"receipt {row.id}: body is not a valid receipt: {exc.one_line()}",
                                 receipt=row.id, field="body") from exc
@@ -87,10 +89,10 @@ def load_verified_closure(store: Store, rid: str) -> dict[str, Receipt]:
     rows, edges, arts = store.raw_closure(rid)
     checked: dict[str, Receipt] = {}
     while rows:
-        by_child: dict[str, list[ParentRow]] = {}
+        by_child: dict[str, list[ParentEdge]] = {}
         for e in edges:
             by_child.setdefault(e.child, []).append(e)
-        by_receipt: dict[str, list[ArtifactRow]] = {}
+        by_receipt: dict[str, list[ArtifactRef]] = {}
         for a in arts:
             by_receipt.setdefault(a.receipt, []).append(a)
         for row in sorted(rows, key=lambda r: r.seq):
@@ -155,9 +157,28 @@ def _check_one(store: Store, r: Receipt, name: str, digest: str,
     for path in artifacts.candidates(digest, store.locations(digest)):
         if not Path(path).exists():
             continue
+        if Path(path).is_dir():
+            _check_checkpoint(Path(path), r, name, digest)
+            return "verified", str(path)
         actual = recompute(Path(path))
         if actual != digest:
             raise DigestMismatch(f"artifact {name!r} at {path}", expected=digest, actual=actual,
                                  receipt=r.id, field=f"artifacts.{name}")
         return "verified", str(path)
     return "missing", None
+
+
+def _check_checkpoint(path: Path, r: Receipt, name: str, digest: str) -> None:
+    """A checkpoint directory: recompute every digest against its manifest, naming the tensor that fails."""
+    from ledger.state import COMPONENTS, verify_checkpoint
+
+    try:
+        if name in COMPONENTS:  # e.g. artifacts["model"] located at the checkpoint directory
+            verify_checkpoint(path, expected_components={name: digest}, receipt=r.id)
+        else:
+            verify_checkpoint(path, expected_state=digest, receipt=r.id)
+    except VerificationError:
+        raise
+    except LedgerError as exc:  # unreadable, unsafe or incomplete: the artifact does not verify
+        raise VerificationError(f"receipt {r.id}: artifact {name!r} at {path}: {exc.one_line()}", receipt=r.id,
+                                field=f"artifacts.{name}") from exc
