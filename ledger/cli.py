@@ -162,6 +162,10 @@ def show(
         shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
         table.add_row(name, shown)
     out.print(table)
+    if r.kind in ("eval", "comparison", "quality"):  # breakdowns, comparisons and conditions as tables
+        from ledger.cli_eval import render_receipt
+
+        render_receipt(out, r)
 
 
 @app.command()
@@ -207,6 +211,9 @@ def verify(
     require_artifacts: Annotated[
         bool, typer.Option("--require-artifacts", help="Fail (exit 3) when an artifact's bytes are missing.")
     ] = False,
+    rescore: Annotated[
+        int, typer.Option("--rescore", min=0, help="Also re-score N random documents of each eval from its checkpoint.")
+    ] = 0,
     json_out: JsonOpt = False,
 ) -> None:
     """Recompute a receipt's id and every ancestor's, check parent links, chain rules and artifact digests."""
@@ -214,7 +221,7 @@ def verify(
 
     store = _open(db)
     report = verify_receipt(store, ref, artifacts=_artifact_store(store.url, artifacts),
-                            require_artifacts=require_artifacts)
+                            require_artifacts=require_artifacts, rescore=rescore)
     if json_out:
         emit_json(report.to_json())
         return
@@ -223,6 +230,8 @@ def verify(
               f"{verified} artifact(s) re-hashed, {len(report.missing)} missing")
     for a in report.missing:
         out.print(f"  missing: {a.name} {a.digest} (cited by {a.receipt[:19]})")
+    for line in report.checks:
+        out.print(f"  {line}")
 
 
 # --------------------------------------------------------------------------------------------- db
@@ -329,7 +338,7 @@ def _print_whole(table: Table) -> None:
     from rich.measure import Measurement
 
     need = Measurement.get(out, out.options.update(width=100_000), table).maximum
-    out.print(table, width=max(out.width, need))
+    Console(highlight=False, soft_wrap=True, width=max(out.width, need)).print(table)
 
 
 def _shape_text(shape: list[int]) -> str:

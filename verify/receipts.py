@@ -37,6 +37,7 @@ class VerifyReport:
     receipt: str
     receipts_checked: int
     artifacts: list[ArtifactCheck] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)  # one line per kind-specific check that held (statistics...)
 
     @property
     def missing(self) -> list[ArtifactCheck]:
@@ -51,7 +52,33 @@ class VerifyReport:
             "artifacts_missing": [
                 {"receipt": a.receipt, "name": a.name, "digest": a.digest} for a in self.missing
             ],
+            "checks": list(self.checks),
         }
+
+
+@dataclass(frozen=True)
+class KindCheckContext:
+    """What a kind-specific check gets: the receipt, its verified ancestry, where artifact bytes are, options."""
+
+    store: Store
+    receipt: Receipt
+    closure: dict[str, Receipt]
+    artifacts: ArtifactStore
+    require_artifacts: bool
+    rescore: int  # re-execute this many sampled documents per eval receipt (0: recompute statistics only)
+    rescore_seed: int
+
+
+# Kind-specific checks above the chain (ladder level 4 and up) live in their own modules, which register here when
+# imported; verify_receipt imports CHECK_MODULES lazily so that plain receipts never pay for them. A check raises a
+# VerificationError or returns lines describing what held.
+KindCheck = Callable[[KindCheckContext], list[str]]
+CHECK_MODULES = ("verify.evaluation",)
+KIND_CHECKS: dict[str, KindCheck] = {}
+
+
+def register_kind_check(kind: str, check: KindCheck) -> None:
+    KIND_CHECKS[kind] = check
 
 
 _COLUMNS = ("kind", "run", "rank", "step", "prepared", "selection")
@@ -116,8 +143,15 @@ def verify_receipt(
     artifacts: ArtifactStore | None = None,
     require_artifacts: bool = False,
     progress: Callable[[str], None] | None = None,
+    rescore: int = 0,
+    rescore_seed: int | None = None,
 ) -> VerifyReport:
-    """Verify the receipt ``ref`` (id or unique prefix) and every ancestor; see the module docstring."""
+    """Verify the receipt ``ref`` (id or unique prefix) and every ancestor; see the module docstring.
+
+    With ``artifacts``, kind-specific checks (KIND_CHECKS) run on every receipt of the ancestry before the artifacts
+    are re-hashed, so a tampered outcome is named by its document, not only by its file's digest; ``rescore`` > 0
+    also re-executes a random sample (seeded by ``rescore_seed``, random when None) of each eval.
+    """
     rid = store.resolve(ref)
     closure = load_verified_closure(store, rid)
     ordered = chain.topological(closure.values())
@@ -125,6 +159,16 @@ def verify_receipt(
         chain.check_receipt(r, closure)
     report = VerifyReport(receipt=rid, receipts_checked=len(ordered))
     if artifacts is not None:
+        import importlib
+        import secrets
+
+        for module in CHECK_MODULES:
+            importlib.import_module(module)
+        seed = secrets.randbits(32) if rescore_seed is None else rescore_seed
+        for r in ordered:
+            if r.kind in KIND_CHECKS:
+                ctx = KindCheckContext(store, r, closure, artifacts, require_artifacts, rescore, seed)
+                report.checks.extend(KIND_CHECKS[r.kind](ctx))
         report.artifacts = check_artifacts(store, ordered, artifacts, progress=progress)
         if require_artifacts and report.missing:
             first = report.missing[0]

@@ -1,0 +1,819 @@
+"""Checkpoint state read straight from safetensors + canonical JSON (no torch, no pickle), and its digests.
+
+A checkpoint is a directory per rank (the format is specified in docs/receipts.md, "State digests"):
+
+    <component>.safetensors | <component>-00001-of-0000N.safetensors   tensors of a component
+    <component>.json                                                  its scalars, canonical JSON
+    manifest.json                                                     written last: marks a complete checkpoint
+
+Digests (all built by ledger.digests):
+
+* data digest   = plain BLAKE3 of a tensor's raw little-endian bytes (what ``b3sum`` prints for them);
+* tensor digest = digest_json("tensor", {"name", "dtype", "shape", "data"});
+* component     = digest_json("component", {"component", "tensors": {name: tensor digest}, "scalars"});
+* state         = digest_json("state", {"components": {name: component digest}}).
+
+Canonical JSON sorts keys, so tensor order, re-saving and sharding never change a state digest; file digests
+(plain BLAKE3 of each file) are recorded in the manifest too, but equality of states never depends on them.
+
+Files are validated before a byte of tensor data is touched (see :class:`SafetensorsFile`) and hashed through
+read-only mmap views: memory stays bounded whatever the checkpoint size, and BLAKE3 runs on every core.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import struct
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from ledger import digests
+from ledger.artifacts import atomic_write, register_directory_digest
+from ledger.errors import DigestMismatch, InputError, NonCanonical, UnsafeFile
+
+COMPONENTS: Final = ("model", "optimizer", "outer", "rng")
+MANIFEST: Final = "manifest.json"
+MANIFEST_FORMAT: Final = "ledger-checkpoint"
+MANIFEST_VERSION: Final = 1
+MANIFEST_KEYS: Final = frozenset({"format", "version", "checkpoint", "components", "tensors", "files", "meta"})
+
+# Byte-sized safetensors dtypes and their item sizes. Sub-byte types (F4, F6_*) are refused as unknown.
+DTYPE_SIZES: Final[Mapping[str, int]] = {
+    "BOOL": 1, "U8": 1, "I8": 1,
+    "F8_E4M3": 1, "F8_E4M3FNUZ": 1, "F8_E5M2": 1, "F8_E5M2FNUZ": 1, "F8_E8M0": 1,
+    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4,
+    "U64": 8, "I64": 8, "F64": 8, "C64": 8,
+}
+MAX_HEADER: Final = 100_000_000  # the limit safetensors itself enforces
+
+_SHARD_RE: Final = re.compile(r"^(?P<c>[a-z][a-z0-9_]*)-(?P<i>[0-9]{1,6})-of-(?P<n>[0-9]{1,6})\.safetensors$")
+_SINGLE_RE: Final = re.compile(r"^(?P<c>[a-z][a-z0-9_]*)\.(?P<ext>safetensors|json)$")
+
+# Tensors at least this large are hashed one at a time with BLAKE3's own threads (one buffer split across
+# cores); smaller ones are hashed single-threaded, many at once, by a thread pool (BLAKE3 releases the GIL), so
+# hundreds of small tensors keep every core busy too. Measured in benchmarks/digest_bench.py.
+PARALLEL_MIN_BYTES: Final = 32 << 20
+_INLINE_MAX_BYTES: Final = 64 << 10  # below this a thread hand-off costs more than the hashing
+
+Progress = Callable[[int, int], None]
+"""Called from the calling thread as ``progress(bytes_just_hashed, total_bytes)``."""
+
+
+# ------------------------------------------------------------------------------------------- safetensors
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor's header entry; ``begin``/``end`` are absolute byte offsets in the file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_SIZES[self.dtype]
+
+
+def sniff_pickle(head: bytes) -> str | None:
+    """'zip' or 'pickle' when ``head`` starts like a torch/pickle file, else None."""
+    if head.startswith(b"PK\x03\x04"):
+        return "zip"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "pickle"
+    return None
+
+
+def _refuse_pickle(path: Path, kind: str) -> UnsafeFile:
+    what = "a zip archive, as torch.save writes" if kind == "zip" else "a pickle stream"
+    return UnsafeFile(str(path), f"is a pickle/torch file; refusing to read it ({what})")
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class SafetensorsFile:
+    """A safetensors file, validated from its header and mapped read-only. Nothing in it is trusted.
+
+    Checks: an 8-byte little-endian header length that fits in the file; a JSON object header (no duplicate
+    keys) of ``{name: {"dtype", "shape", "data_offsets"}}`` plus an optional ``"__metadata__"`` of strings;
+    known dtypes; offsets inside the data buffer, of exactly numel*itemsize bytes; tensors that neither overlap
+    nor leave gaps and cover the buffer to its end. A file that looks like a pickle or a torch zip is refused
+    before anything else. Every violation raises :class:`~ledger.errors.UnsafeFile` naming the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._mm: mmap.mmap | None = None
+        self._base: memoryview | None = None
+        self._views: list[memoryview] = []
+        with open(self.path, "rb") as f:
+            self.size = os.fstat(f.fileno()).st_size
+            head = f.read(9)
+            if len(head) < 8:
+                kind = sniff_pickle(head)
+                raise _refuse_pickle(self.path, kind) if kind else self._bad(
+                    f"truncated: {self.size} bytes, shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", head[:8])
+            fits = 2 <= n <= MAX_HEADER and 8 + n <= self.size
+            # A pickle's first bytes can also read as a small header length; only a header that does not fit
+            # or does not open a JSON object makes the file a pickle rather than a damaged safetensors file.
+            kind = sniff_pickle(head)
+            if kind and not (fits and head[8:9] == b"{"):
+                raise _refuse_pickle(self.path, kind)
+            if not fits:
+                raise self._bad(f"header length {n} runs past the end of the file ({self.size} bytes)")
+            f.seek(8)
+            raw = f.read(n)
+        if len(raw) != n:
+            raise self._bad("file shrank while being read")
+        self.header_end = 8 + n
+        self.metadata, self.tensors = self._parse_header(raw)
+
+    def _bad(self, detail: str) -> UnsafeFile:
+        return UnsafeFile(str(self.path), detail)
+
+    def _parse_header(self, raw: bytes) -> tuple[dict[str, str], dict[str, TensorEntry]]:
+        try:
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_pairs)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise self._bad(f"header is not JSON: {exc}") from exc
+        if not isinstance(header, dict):
+            raise self._bad("header is not a JSON object")
+        metadata = header.pop("__metadata__", {})
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise self._bad("__metadata__ is not an object of strings")
+        buffer_len = self.size - self.header_end
+        entries: list[TensorEntry] = []
+        for name, info in header.items():
+            entries.append(self._entry(name, info, buffer_len))
+        # Sorted by position, each tensor must start exactly where the previous one ended (zero-size tensors
+        # sit between neighbours), the first at 0 and the last ending at the end of the file.
+        entries.sort(key=lambda e: (e.begin, e.end))
+        at, prev = self.header_end, None
+        for e in entries:
+            if e.begin < at:
+                assert prev is not None
+                raise self._bad(f"tensors {prev.name!r} and {e.name!r} overlap (bytes {e.begin - self.header_end}"
+                                f"..{at - self.header_end} of the data buffer)")
+            if e.begin > at:
+                after = f"after tensor {prev.name!r}" if prev else "at the start of the data buffer"
+                raise self._bad(f"{e.begin - at} unused bytes {after} (offsets must be contiguous)")
+            at, prev = e.end, e
+        if at != self.size:
+            raise self._bad(f"{self.size - at} trailing bytes after the last tensor")
+        return metadata, {e.name: e for e in entries}
+
+    def _entry(self, name: str, info: Any, buffer_len: int) -> TensorEntry:
+        where = f"tensor {name!r}"
+        if not name:
+            raise self._bad("a tensor has an empty name")
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise self._bad(f"{where}: entry must have exactly dtype, shape and data_offsets")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+            raise self._bad(f"{where}: unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise self._bad(f"{where}: shape {shape!r} is not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise self._bad(f"{where}: data_offsets {offsets!r} are not [begin, end] with 0 <= begin <= end")
+        begin, end = offsets
+        if end > buffer_len:
+            raise self._bad(f"{where}: data_offsets [{begin}, {end}] run past the end of the data buffer "
+                            f"({buffer_len} bytes; truncated file?)")
+        expected = prod(shape) * DTYPE_SIZES[dtype]
+        if end - begin != expected:
+            raise self._bad(f"{where}: {end - begin} data bytes, but {dtype}{shape} needs {expected}")
+        return TensorEntry(name, dtype, tuple(shape), self.header_end + begin, self.header_end + end)
+
+    # ---- mapped access
+
+    def _buffer(self) -> memoryview:
+        if self._base is None:
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size != self.size:
+                    raise self._bad("file changed size while being read")
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if hasattr(self._mm, "madvise"):
+                self._mm.madvise(mmap.MADV_SEQUENTIAL)
+            self._base = memoryview(self._mm)
+        return self._base
+
+    def _track(self, view: memoryview) -> memoryview:
+        self._views.append(view)
+        return view
+
+    def view(self, name: str) -> memoryview:
+        """A read-only view of a tensor's raw bytes (valid until :meth:`close`)."""
+        e = self.tensors[name]
+        return self._track(self._buffer()[e.begin : e.end])
+
+    def file_view(self) -> memoryview:
+        """A read-only view of the whole file (for its file digest)."""
+        return self._track(self._buffer()[:])
+
+    def close(self) -> None:
+        for v in self._views:
+            v.release()
+        self._views.clear()
+        if self._base is not None:
+            self._base.release()
+            self._base = None
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------- hashing
+
+
+def hash_buffers(buffers: Sequence[bytes | memoryview], progress: Progress | None = None) -> list[str]:
+    """Plain BLAKE3 (``raw_digest``) of each buffer, using every core, without copying.
+
+    Large buffers go one at a time through BLAKE3's multi-threaded mode; the rest run single-threaded on a
+    pool of one thread per core, largest first so the pool finishes evenly.
+    """
+    total = sum(len(b) for b in buffers)
+    out: list[str] = [""] * len(buffers)
+
+    def done(i: int) -> None:
+        if progress is not None:
+            progress(len(buffers[i]), total)
+
+    workers = os.cpu_count() or 1
+    big = [i for i, b in enumerate(buffers) if len(b) >= PARALLEL_MIN_BYTES]
+    pooled = sorted((i for i, b in enumerate(buffers) if _INLINE_MAX_BYTES <= len(b) < PARALLEL_MIN_BYTES),
+                    key=lambda i: -len(buffers[i]))
+    inline = [i for i, b in enumerate(buffers) if len(b) < _INLINE_MAX_BYTES]
+    if workers == 1:
+        inline, pooled = inline + pooled, []
+    for i in big:
+        out[i] = digests.raw_digest(buffers[i])
+        done(i)
+    if pooled:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ledger-hash") as pool:
+            futures: list[tuple[int, Future[str]]] = [
+                (i, pool.submit(digests.raw_digest, buffers[i], threads=False)) for i in pooled
+            ]
+            for i in inline:  # the small ones run here while the pool works
+                out[i] = digests.raw_digest(buffers[i], threads=False)
+                done(i)
+            inline = []
+            for i, fut in futures:
+                out[i] = fut.result()
+                done(i)
+    for i in inline:
+        out[i] = digests.raw_digest(buffers[i], threads=False)
+        done(i)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- digests
+
+
+def tensor_digest(name: str, dtype: str, shape: Sequence[int], data: str) -> str:
+    """The tensor digest: commits to name, dtype, shape and the data digest of its raw bytes."""
+    return digests.digest_json("tensor", {"name": name, "dtype": dtype, "shape": list(shape), "data": data})
+
+
+def component_digest(component: str, tensors: Mapping[str, str], scalars: Mapping[str, Any]) -> str:
+    """The component digest over its tensor digests (by name) and its scalars."""
+    return digests.digest_json("component", {"component": component, "tensors": dict(tensors),
+                                             "scalars": dict(scalars)})
+
+
+def state_digest(components: Mapping[str, str]) -> str:
+    """The checkpoint (state) digest over its component digests."""
+    return digests.digest_json("state", {"components": dict(components)})
+
+
+def count_scalars(value: Any) -> int:
+    """Leaf values in a JSON value: every non-container value, list elements counted one by one."""
+    if isinstance(value, dict):
+        return sum(count_scalars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(count_scalars(v) for v in value)
+    return 1
+
+
+@dataclass(frozen=True)
+class TensorDigest:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: str  # plain BLAKE3 of the raw bytes
+    digest: str  # the tensor digest
+    file: str  # file name (relative to the checkpoint directory) holding it
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"digest": self.digest, "dtype": self.dtype, "shape": list(self.shape), "data": self.data,
+                "file": self.file}
+
+
+@dataclass(frozen=True)
+class ComponentState:
+    name: str
+    digest: str
+    tensors: Mapping[str, TensorDigest]
+    scalars: Mapping[str, Any]
+    files: tuple[str, ...]  # its .safetensors shards and .json file, relative names
+
+    @property
+    def tensor_count(self) -> int:
+        return len(self.tensors)
+
+    @property
+    def tensor_elements(self) -> int:
+        return sum(t.numel for t in self.tensors.values())
+
+    @property
+    def scalar_count(self) -> int:
+        return count_scalars(dict(self.scalars))
+
+    def counts(self) -> dict[str, int]:
+        return {"tensors": self.tensor_count, "tensor_elements": self.tensor_elements,
+                "scalars": self.scalar_count}
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """Recomputed digests of a checkpoint directory (kind "checkpoint") or of one safetensors file ("file").
+
+    For a file, ``digest`` is the digest of its single component (named after the file's stem).
+    ``files`` holds file digests when they were asked for, else None.
+    """
+
+    path: Path
+    kind: Literal["checkpoint", "file"]
+    digest: str
+    components: Mapping[str, ComponentState]
+    files: Mapping[str, str] | None = None
+    manifest: Manifest | None = None
+
+    def file_of(self, component: str, tensor: str) -> Path:
+        name = self.components[component].tensors[tensor].file
+        return self.path / name if self.kind == "checkpoint" else self.path
+
+    def to_json(self, *, tensors: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": str(self.path),
+            "kind": self.kind,
+            "digest": self.digest,
+            "components": {
+                c.name: {"digest": c.digest, **c.counts(), "files": list(c.files)} for c in self.components.values()
+            },
+        }
+        if tensors:
+            out["tensors"] = {c.name: {t.name: t.to_json() for t in c.tensors.values()}
+                              for c in self.components.values()}
+        if self.files is not None:
+            out["files"] = dict(self.files)
+        if self.manifest is not None:
+            out["manifest_checkpoint"] = self.manifest.checkpoint
+            out["manifest_matches"] = self.manifest.checkpoint == self.digest
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which files of a checkpoint directory hold what (validated names only; nothing read yet)."""
+
+    root: Path
+    tensor_files: Mapping[str, tuple[str, ...]]  # component -> its .safetensors file(s), shard order
+    scalar_files: Mapping[str, str]  # component -> its .json file
+    has_manifest: bool
+
+    @property
+    def components(self) -> list[str]:
+        return order_components(set(self.tensor_files) | set(self.scalar_files))
+
+    @property
+    def files(self) -> list[str]:
+        return sorted([f for fs in self.tensor_files.values() for f in fs] + list(self.scalar_files.values()))
+
+
+def order_components(names: set[str] | Sequence[str]) -> list[str]:
+    """Known components in their fixed order, then any others by name."""
+    known = [c for c in COMPONENTS if c in names]
+    return known + sorted(set(names) - set(known))
+
+
+def _unexpected(root: Path, name: str, why: str) -> UnsafeFile:
+    p = root / name
+    try:
+        with open(p, "rb") as f:
+            kind = sniff_pickle(f.read(4))
+    except OSError:
+        kind = None
+    if kind:
+        return _refuse_pickle(p, kind)
+    return UnsafeFile(str(p), f"unexpected {why} in a checkpoint directory (expected manifest.json and, for "
+                              f"components {', '.join(COMPONENTS)}: <component>.json, <component>.safetensors or "
+                              f"<component>-NNNNN-of-NNNNN.safetensors)")
+
+
+def scan_checkpoint(path: str | os.PathLike[str], *, require_manifest: bool = True) -> Layout:
+    """Classify a checkpoint directory's files; any other entry (or a missing manifest) is an error."""
+    root = Path(path)
+    if not root.is_dir():
+        raise InputError(f"{root}: not a checkpoint directory")
+    shards: dict[str, dict[int, tuple[int, str]]] = {}
+    singles: dict[str, str] = {}
+    scalars: dict[str, str] = {}
+    has_manifest = False
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        name = entry.name
+        if not entry.is_file():
+            raise _unexpected(root, name, "directory or special file")
+        if name == MANIFEST:
+            has_manifest = True
+            continue
+        m = _SINGLE_RE.match(name)
+        s = _SHARD_RE.match(name)
+        comp = m["c"] if m else s["c"] if s else None
+        if comp not in COMPONENTS:
+            raise _unexpected(root, name, "file")
+        assert comp is not None
+        if m and m["ext"] == "json":
+            scalars[comp] = name
+        elif m:
+            singles[comp] = name
+        else:
+            assert s is not None
+            i, n = int(s["i"]), int(s["n"])
+            if not 1 <= i <= n:
+                raise UnsafeFile(str(root / name), f"shard number {i} is not within 1..{n}")
+            if i in shards.setdefault(comp, {}):
+                raise UnsafeFile(str(root / name), f"shard {i} of component {comp!r} appears twice "
+                                                   f"(also {shards[comp][i][1]})")
+            shards[comp][i] = (n, name)
+    if require_manifest and not has_manifest:
+        raise UnsafeFile(str(root), f"no {MANIFEST}: an incomplete checkpoint (the manifest is written last) is "
+                                    f"never taken as valid")
+    tensor_files: dict[str, tuple[str, ...]] = {c: (f,) for c, f in singles.items()}
+    for comp, by_index in shards.items():
+        if comp in singles:
+            raise UnsafeFile(str(root / singles[comp]), f"component {comp!r} is both a single file and sharded")
+        counts = {n for n, _ in by_index.values()}
+        if len(counts) != 1:
+            raise UnsafeFile(str(root), f"shards of component {comp!r} disagree on the shard count {sorted(counts)}")
+        (n,) = counts
+        missing = sorted(set(range(1, n + 1)) - set(by_index))
+        if missing:
+            raise UnsafeFile(str(root), f"component {comp!r}: shard(s) {missing} of {n} are missing")
+        tensor_files[comp] = tuple(by_index[i][1] for i in range(1, n + 1))
+    return Layout(root, tensor_files, scalars, has_manifest)
+
+
+def component_of_file(path: Path) -> str:
+    """Component name of a lone safetensors file: its name up to the first '-' or '.'."""
+    return re.split(r"[-.]", path.name, maxsplit=1)[0]
+
+
+def _read_scalars(path: Path) -> tuple[bytes, dict[str, Any]]:
+    data = path.read_bytes()
+    kind = sniff_pickle(data[:4])
+    if kind:
+        raise _refuse_pickle(path, kind)
+    try:
+        value = digests.parse_canonical(data)
+    except NonCanonical as exc:
+        raise UnsafeFile(str(path), exc.detail) from exc
+    if not isinstance(value, dict):
+        raise UnsafeFile(str(path), "component scalars must be a JSON object")
+    return data, value
+
+
+# ------------------------------------------------------------------------------------------------ state
+
+
+@dataclass
+class _Opened:
+    """One checkpoint (or file) being hashed: its validated files and the buffers to hash."""
+
+    path: Path
+    kind: Literal["checkpoint", "file"]
+    files: dict[str, SafetensorsFile] = field(default_factory=dict)  # relative name -> file
+    owner: dict[str, str] = field(default_factory=dict)  # relative name -> component
+    scalars: dict[str, tuple[str, bytes, dict[str, Any]]] = field(default_factory=dict)  # comp -> (name, raw, value)
+    components: list[str] = field(default_factory=list)
+    manifest: Manifest | None = None
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+def _open(path: Path, require_manifest: bool) -> _Opened:
+    if path.is_dir():
+        layout = scan_checkpoint(path, require_manifest=require_manifest)
+        opened = _Opened(path, "checkpoint", components=layout.components)
+        try:
+            if layout.has_manifest:
+                opened.manifest = read_manifest(path)
+            for comp, names in layout.tensor_files.items():
+                for name in names:
+                    opened.files[name] = SafetensorsFile(path / name)
+                    opened.owner[name] = comp
+            for comp, name in layout.scalar_files.items():
+                raw, value = _read_scalars(path / name)
+                opened.scalars[comp] = (name, raw, value)
+        except BaseException:
+            opened.close()
+            raise
+        return opened
+    if not path.exists():
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    # A lone file: refuse pickles whatever the extension (SafetensorsFile sniffs .safetensors files itself, where
+    # a valid header length may begin like a pickle), and anything else not named .safetensors.
+    if path.suffix != ".safetensors":
+        with open(path, "rb") as f:
+            kind = sniff_pickle(f.read(4))
+        if kind:
+            raise _refuse_pickle(path, kind)
+        raise UnsafeFile(str(path), "not a .safetensors file or a checkpoint directory")
+    comp = component_of_file(path)
+    return _Opened(path, "file", files={path.name: SafetensorsFile(path)}, owner={path.name: comp},
+                   components=[comp])
+
+
+def read_states(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    files: bool = False,
+    require_manifest: bool = True,
+    progress: Progress | None = None,
+) -> list[CheckpointState]:
+    """Recompute the state digests of checkpoint directories or single safetensors files, hashed together.
+
+    ``files=True`` also computes every file's digest (each byte is then hashed twice). A directory without its
+    manifest is refused unless ``require_manifest=False`` (used while writing it).
+    """
+    opened: list[_Opened] = []
+    try:
+        for p in paths:
+            opened.append(_open(Path(p), require_manifest))
+        buffers: list[bytes | memoryview] = []
+        slots: list[tuple[int, str, str | None]] = []  # (checkpoint, file, tensor name or None for the file)
+        for k, o in enumerate(opened):
+            for fname, sf in o.files.items():
+                for tname in sf.tensors:
+                    buffers.append(sf.view(tname))
+                    slots.append((k, fname, tname))
+                if files:
+                    buffers.append(sf.file_view())
+                    slots.append((k, fname, None))
+            if files:
+                for name, raw, _ in o.scalars.values():
+                    buffers.append(raw)
+                    slots.append((k, name, None))
+        hashed = hash_buffers(buffers, progress)
+        del buffers
+        return [_assemble(k, o, slots, hashed, files) for k, o in enumerate(opened)]
+    finally:
+        for o in opened:
+            o.close()
+
+
+def _assemble(k: int, o: _Opened, slots: list[tuple[int, str, str | None]], hashed: list[str],
+              with_files: bool) -> CheckpointState:
+    per_comp: dict[str, dict[str, TensorDigest]] = {c: {} for c in o.components}
+    comp_files: dict[str, list[str]] = {c: [] for c in o.components}
+    file_digests: dict[str, str] = {}
+    for (kk, fname, tname), data in zip(slots, hashed, strict=True):
+        if kk != k:
+            continue
+        if tname is None:
+            file_digests[fname] = data
+            continue
+        comp = o.owner[fname]
+        tensors = per_comp[comp]
+        if tname in tensors:
+            raise UnsafeFile(str(o.path / fname), f"tensor {tname!r} of component {comp!r} also appears in "
+                                                  f"{tensors[tname].file}")
+        e = o.files[fname].tensors[tname]
+        tensors[tname] = TensorDigest(tname, e.dtype, e.shape, data, tensor_digest(tname, e.dtype, e.shape, data),
+                                      fname)
+    for fname, comp in o.owner.items():
+        comp_files[comp].append(fname)
+    components: dict[str, ComponentState] = {}
+    for comp in o.components:
+        scal_name, _, scalars = o.scalars.get(comp, ("", b"", {}))
+        if scal_name:
+            comp_files[comp].append(scal_name)
+        tensors = dict(sorted(per_comp[comp].items()))
+        digest = component_digest(comp, {n: t.digest for n, t in tensors.items()}, scalars)
+        components[comp] = ComponentState(comp, digest, tensors, scalars, tuple(comp_files[comp]))
+    if o.kind == "file":
+        (only,) = components.values()
+        digest = only.digest
+    else:
+        digest = state_digest({c.name: c.digest for c in components.values()})
+    return CheckpointState(o.path, o.kind, digest, components, dict(sorted(file_digests.items())) if with_files
+                           else None, o.manifest)
+
+
+def read_state(path: str | os.PathLike[str], *, files: bool = False,
+               progress: Progress | None = None) -> CheckpointState:
+    """Recompute the digests of one checkpoint directory (which must be complete) or one safetensors file."""
+    return read_states([path], files=files, progress=progress)[0]
+
+
+def checkpoint_digest(path: str | os.PathLike[str]) -> str:
+    """The state digest of a complete checkpoint directory, recomputed from its tensors and scalars only."""
+    p = Path(path)
+    if not p.is_dir():
+        raise InputError(f"{p}: not a checkpoint directory")
+    return read_state(p).digest
+
+
+# --------------------------------------------------------------------------------------------- manifest
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed ``manifest.json``: recorded digests and non-state facts (``meta``)."""
+
+    checkpoint: str
+    components: Mapping[str, str]
+    tensors: Mapping[str, Mapping[str, str]]
+    files: Mapping[str, str]
+    meta: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "checkpoint": self.checkpoint,
+                "components": dict(self.components), "tensors": {c: dict(t) for c, t in self.tensors.items()},
+                "files": dict(self.files), "meta": dict(self.meta)}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> Manifest:
+        def bad(detail: str) -> UnsafeFile:
+            return UnsafeFile(where, f"malformed manifest: {detail}")
+
+        if not isinstance(doc, dict) or set(doc) != MANIFEST_KEYS:
+            raise bad(f"expected exactly the keys {', '.join(sorted(MANIFEST_KEYS))}")
+        if doc["format"] != MANIFEST_FORMAT or doc["version"] != MANIFEST_VERSION:
+            raise bad(f"format {doc['format']!r} version {doc['version']!r}, expected {MANIFEST_FORMAT!r} "
+                      f"version {MANIFEST_VERSION}")
+
+        def digest_map(value: Any, what: str) -> dict[str, str]:
+            if not isinstance(value, dict) or not all(digests.is_digest(v) for v in value.values()):
+                raise bad(f"{what} must map names to blake3 digests")
+            return value
+
+        if not digests.is_digest(doc["checkpoint"]):
+            raise bad("checkpoint is not a blake3 digest")
+        if not isinstance(doc["tensors"], dict) or not isinstance(doc["meta"], dict):
+            raise bad("tensors and meta must be objects")
+        tensors = {c: digest_map(t, f"tensors.{c}") for c, t in doc["tensors"].items()}
+        return cls(doc["checkpoint"], digest_map(doc["components"], "components"), tensors,
+                   digest_map(doc["files"], "files"), doc["meta"])
+
+
+def build_manifest(state: CheckpointState, meta: Mapping[str, Any]) -> Manifest:
+    """The manifest recording ``state`` (which must include file digests)."""
+    if state.files is None:
+        raise ValueError("build_manifest needs file digests: read the state with files=True")
+    return Manifest(
+        checkpoint=state.digest,
+        components={c.name: c.digest for c in state.components.values()},
+        tensors={c.name: {t.name: t.digest for t in c.tensors.values()} for c in state.components.values()},
+        files=dict(state.files),
+        meta=dict(meta),
+    )
+
+
+def write_manifest(path: str | os.PathLike[str], meta: Mapping[str, Any],
+                   progress: Progress | None = None) -> Manifest:
+    """Hash a checkpoint directory's files and write its ``manifest.json`` atomically (call it last)."""
+    root = Path(path)
+    digests.canonical_bytes(dict(meta))  # refuse a non-canonical meta before hashing anything
+    (state,) = read_states([root], files=True, require_manifest=False, progress=progress)
+    manifest = build_manifest(state, meta)
+    atomic_write(root / MANIFEST, digests.canonical_bytes(manifest.to_json()))
+    return manifest
+
+
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """Parse and validate a checkpoint directory's ``manifest.json`` (canonical JSON)."""
+    p = Path(path) / MANIFEST
+    if not p.is_file():
+        raise UnsafeFile(str(Path(path)), f"no {MANIFEST}: an incomplete checkpoint is never taken as valid")
+    try:
+        doc = digests.parse_canonical(p.read_bytes())
+    except NonCanonical as exc:
+        raise UnsafeFile(str(p), exc.detail) from exc
+    return Manifest.from_json(doc, str(p))
+
+
+# ------------------------------------------------------------------------------------------- verification
+
+
+def _walk_mismatches(state: CheckpointState, manifest: Manifest) -> Iterator[tuple[str, str, str, str]]:
+    """(what, field, recorded, recomputed) for each manifest entry that disagrees, most specific first."""
+    absent = "absent"
+    comps = order_components(set(manifest.components) | set(state.components))
+    for comp in comps:
+        have = state.components.get(comp)
+        recorded = manifest.tensors.get(comp, {})
+        actual = {n: t.digest for n, t in have.tensors.items()} if have else {}
+        for name in sorted(set(recorded) | set(actual)):
+            if recorded.get(name) != actual.get(name):
+                where = f" ({have.tensors[name].file})" if have and name in have.tensors else ""
+                yield (f"component {comp!r} tensor {name!r}{where}", f"tensors.{comp}.{name}",
+                       recorded.get(name, absent), actual.get(name, absent))
+    for comp in comps:
+        have = state.components.get(comp)
+        rec_c, act_c = manifest.components.get(comp, absent), have.digest if have else absent
+        if rec_c != act_c:
+            what = "scalars" if have and manifest.tensors.get(comp) is not None else "digest"
+            yield f"component {comp!r} {what}", f"components.{comp}", rec_c, act_c
+    if manifest.checkpoint != state.digest:
+        yield "state digest", "checkpoint", manifest.checkpoint, state.digest
+    files = state.files or {}
+    for name in sorted(set(manifest.files) | set(files)):
+        if manifest.files.get(name) != files.get(name):
+            yield f"file {name!r}", f"files.{name}", manifest.files.get(name, absent), files.get(name, absent)
+
+
+def verify_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    expected_state: str | None = None,
+    expected_components: Mapping[str, str] | None = None,
+    receipt: str | None = None,
+    progress: Progress | None = None,
+) -> CheckpointState:
+    """Recompute every digest of a complete checkpoint and check it against its manifest (and expectations).
+
+    Raises :class:`~ledger.errors.DigestMismatch` naming the first component and tensor (or scalars, or file)
+    whose recorded digest no longer recomputes, then a state or component digest that differs from
+    ``expected_state``/``expected_components`` (e.g. a receipt's). Returns the recomputed state.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise InputError(f"{root}: not a checkpoint directory")
+    state = read_state(root, files=True, progress=progress)
+    assert state.manifest is not None
+    for what, fld, recorded, actual in _walk_mismatches(state, state.manifest):
+        raise DigestMismatch(f"checkpoint {root}: {what} does not match its manifest", expected=recorded,
+                             actual=actual, receipt=receipt, field=fld)
+    if expected_state is not None and expected_state != state.digest:
+        raise DigestMismatch(f"checkpoint {root}: state digest", expected=expected_state, actual=state.digest,
+                             receipt=receipt, field="state")
+    for comp, expected in sorted((expected_components or {}).items()):
+        actual = state.components[comp].digest if comp in state.components else "absent"
+        if expected != actual:
+            raise DigestMismatch(f"checkpoint {root}: component {comp!r}", expected=expected, actual=actual,
+                                 receipt=receipt, field=comp)
+    return state
+
+
+def _directory_digest(path: Path) -> str:
+    return checkpoint_digest(path)
+
+
+register_directory_digest(_directory_digest)
+
