@@ -129,6 +129,9 @@ def _restore(r: Receipt, parents: list[Receipt]) -> None:
     if ckpt.rank != r.rank:
         raise _broken(r, f"a rank restores its own rank's checkpoint ({ckpt.id})", field="rank",
                       expected=ckpt.rank, actual=r.rank)
+    if ckpt.run != r.run:  # a restarted group continues its own run: no mixing in another run's state
+        raise _broken(r, f"a restore continues the run of its checkpoint {ckpt.id} (another lineage)",
+                      field="run", expected=ckpt.run, actual=r.run)
     for name in ("state", "config"):
         if name in r.artifacts and r.artifacts.get(name) != ckpt.artifacts.get(name):
             raise _broken(r, f"restored {name} differs from checkpoint {ckpt.id} (another lineage)",
@@ -150,9 +153,34 @@ def _eval(r: Receipt, parents: list[Receipt]) -> None:
     _model_source(r, parents)
 
 
+def _quality(r: Receipt, parents: list[Receipt]) -> None:
+    _require(r, "prepared")
+    _one_parent(r, parents, {"contract"}, "contract receipt")
+    others = sorted({p.kind for p in parents} - {"contract"})
+    if others != ["comparison"]:
+        raise _broken(r, "a quality receipt cites its contract and the comparison receipts it judges, nothing else",
+                      field="parents", expected=["comparison"], actual=others)
+
+
 def _replica(r: Receipt, parents: list[Receipt]) -> None:
     _require(r, "prepared")
     _model_source(r, parents)
+
+
+def _arm_summary(r: Receipt, parents: list[Receipt]) -> None:
+    """A data-parallel arm's ranks hold identical weights at the end: its train-end receipts name one model."""
+    ends = [p for p in parents if p.kind == "train-end" and p.run == r.run]
+    if not ends:
+        raise _broken(r, "an arm summary cites the train-end receipts of its run", field="parents")
+    if r.measurements.get("arm") == "ddp-four":
+        models = sorted({p.artifacts.get("model", "") for p in ends})
+        if len(models) != 1:
+            raise _broken(r, "DDP ranks ended with different model digests", field="artifacts.model",
+                          expected=models[0], actual=models[1:])
+    first = min(ends, key=lambda p: p.rank or 0)
+    if "model" in r.artifacts and r.artifacts["model"] != first.artifacts.get("model"):
+        raise _broken(r, "the summary's model is not its rank 0's", field="artifacts.model",
+                      expected=first.artifacts.get("model"), actual=r.artifacts["model"])
 
 
 def _no_rule(r: Receipt, parents: list[Receipt]) -> None:
@@ -168,8 +196,9 @@ RULES: dict[str, Rule] = {
     "train-end": _train_end,
     "restore": _restore,
     "eval": _eval,
+    "quality": _quality,
     "replica": _replica,
-    "arm-summary": _no_rule,
+    "arm-summary": _arm_summary,
     "fault": _no_rule,
     "comparison": _no_rule,
     "serve-phase": _no_rule,

@@ -52,12 +52,14 @@ def _typer(help_text: str) -> typer.Typer:
 app = _typer("Content-addressed receipts and verification for distributed training experiments.")
 db_app = _typer("Schema migrations of the ledger database.")
 app.add_typer(db_app, name="db")
+run_app = _typer("Run the experiment's steps: prepare, train, recover, eval. These import torch.")
+app.add_typer(run_app, name="run")
 
 # ----------------------------------------------------------------------------------- shared options
 
 DbOpt = Annotated[
     str | None,
-    typer.Option("--db", help="Ledger database: a path (SQLite) or an SQLAlchemy URL. Default $LEDGER_DB or ./ledger.db"),
+    typer.Option("--db", help="Ledger: an SQLite path or an SQLAlchemy URL. Default $LEDGER_DB or ./ledger.db"),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 ArtifactsOpt = Annotated[
@@ -67,7 +69,7 @@ ArtifactsOpt = Annotated[
 
 
 def emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
 
 
 def _open(db: str | None, create: bool = False) -> Any:
@@ -217,19 +219,30 @@ def verify(
     json_out: JsonOpt = False,
 ) -> None:
     """Recompute a receipt's id and every ancestor's, check parent links, chain rules and artifact digests."""
+    from ledger.errors import VerificationError
     from verify.receipts import verify_receipt
 
     store = _open(db)
-    report = verify_receipt(store, ref, artifacts=_artifact_store(store.url, artifacts),
-                            require_artifacts=require_artifacts, rescore=rescore)
+    try:
+        report = verify_receipt(store, ref, artifacts=_artifact_store(store.url, artifacts),
+                                require_artifacts=require_artifacts, rescore=rescore)
+    except VerificationError as exc:
+        if json_out:  # scripts get the structured failure on stdout as well as the one line on stderr
+            emit_json({"ok": False, **exc.diagnostics()})
+        raise
     if json_out:
         emit_json(report.to_json())
         return
-    verified = sum(a.status == "verified" for a in report.artifacts)
-    out.print(f"OK {report.receipt}: {report.receipts_checked} receipt(s) recomputed and chained, "
-              f"{verified} artifact(s) re-hashed, {len(report.missing)} missing")
+    verified = {a.digest for a in report.artifacts if a.status == "verified"}
+    missing: dict[str, list[str]] = {}
     for a in report.missing:
-        out.print(f"  missing: {a.name} {a.digest} (cited by {a.receipt[:19]})")
+        missing.setdefault(a.digest, []).append(a.name)
+    out.print(f"OK {report.receipt}: {report.receipts_checked} receipt(s) recomputed and chained, "
+              f"{len(verified)} distinct artifact(s) re-hashed, {len(missing)} missing")
+    for digest, names in list(missing.items())[:10]:
+        out.print(f"  missing: {digest} ({', '.join(sorted(set(names)))}, cited {len(names)}x)")
+    if len(missing) > 10:
+        out.print(f"  ... and {len(missing) - 10} more missing (see --json)")
     for line in report.checks:
         out.print(f"  {line}")
 
@@ -460,6 +473,17 @@ def compare(
         out.print("EQUAL" if report.equal else f"DIFFERENT: {first.one_line() if first else 'state digests differ'}")
     if not report.equal:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _register_run_commands() -> None:
+    from ledger import cli_eval, cli_run
+
+    cli_run.register(run_app)
+    cli_run.replay_command(app)
+    cli_eval.register(run_app, app)
+
+
+_register_run_commands()
 
 
 def main() -> None:

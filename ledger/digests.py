@@ -130,7 +130,7 @@ def parse_canonical(data: bytes) -> Any:
         raise NonCanonical(f"out of range: {str(exc)[:80]}") from exc
     again = canonical_bytes(value)
     if again != data:
-        at = next((i for i, (a, b) in enumerate(zip(again, data)) if a != b), min(len(again), len(data)))
+        at = next((i for i, (a, b) in enumerate(zip(again, data, strict=False)) if a != b), min(len(again), len(data)))
         raise NonCanonical(f"not canonical: differs from its canonical form at byte {at}")
     return value
 

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, create_engine, event, insert, select, text
+from sqlalchemy import Connection, Engine, bindparam, create_engine, event, insert, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -40,6 +40,17 @@ BUSY_TIMEOUT_S = 120.0
 MIN_PREFIX = 4
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 _CHUNK = 500  # bound on bound parameters per IN (...) query
+
+# The append path's statements, built once: building a SQLAlchemy statement per call costs more than running it.
+_SEQS_BY_ID = select(ReceiptRow.id, ReceiptRow.seq, ReceiptRow.recorded_ns).where(
+    ReceiptRow.id.in_(bindparam("ids", expanding=True))
+)
+_BODIES_BY_ID = select(ReceiptRow.id, ReceiptRow.seq, ReceiptRow.recorded_ns, ReceiptRow.body).where(
+    ReceiptRow.id.in_(bindparam("ids", expanding=True))
+)
+_INSERT_RECEIPTS = insert(ReceiptRow)
+_INSERT_PARENTS = insert(ParentRow)
+_INSERT_ARTIFACTS = insert(ArtifactRow)
 
 
 def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
@@ -89,6 +100,21 @@ def schema_revision(engine: Engine) -> str | None:
                 return None
             raise
     return row[0] if row else None
+
+
+class ParentEdge(NamedTuple):
+    """A ``receipt_parents`` row as stored: ``child`` cites ``parent``."""
+
+    child: str
+    parent: str
+
+
+class ArtifactRef(NamedTuple):
+    """A ``receipt_artifacts`` row as stored."""
+
+    receipt: str
+    name: str
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -175,26 +201,39 @@ class Store:
         raise AssertionError("unreachable")
 
     def _append_many(self, receipts: Sequence[Receipt], check: bool) -> list[Stored]:
+        # Core statements on one connection, not ORM objects: the append path is the ledger's hot loop, and ORM
+        # unit-of-work and row instances cost more than the SQL itself (benchmarks/README.md).
         now = time.time_ns()
-        with self._write() as session:
-            ids = [r.id for r in receipts]
-            existing = self._rows_by_id(session, set(ids))
+        with self._writer.begin() as conn:
+            given = {r.id: r for r in receipts}
+            # One query finds which given receipts are stored already and fetches the stored parents (their
+            # bodies only when the chain rules will read them).
+            found = self._lookup(conn, given.keys() | {p for r in receipts for p in r.parents}, with_body=check)
+            stored = {rid: (seq, ns) for rid, (seq, ns, _) in found.items() if rid in given}
+            outside_bodies = {rid: body for rid, (_, _, body) in found.items() if rid not in given}
+            parsed: dict[str, Receipt] = {}  # each stored parent parsed once, however many receipts cite it
             batch: dict[str, Receipt] = {}
             new_rows: list[dict[str, Any]] = []
             edges: list[dict[str, str]] = []
             arts: list[dict[str, str]] = []
             for r in receipts:
-                if r.id in existing or r.id in batch:
+                if r.id in stored or r.id in batch:
                     continue
-                wanted = [p for p in r.parents if p not in batch]
-                if wanted:
-                    found = self._rows_by_id(session, set(wanted) - set(existing))
-                    existing.update(found)
-                    missing = sorted(p for p in wanted if p not in existing)
-                    if missing:
-                        raise MissingParents(r.id, missing)
+                parents: dict[str, Receipt] = {}
+                missing: list[str] = []
+                for p in r.parents:
+                    if p in batch or p in stored:  # earlier in this call, or given here and already stored
+                        parents[p] = given[p]
+                    elif p in outside_bodies:
+                        if check:
+                            if p not in parsed:
+                                parsed[p] = Receipt.from_bytes(outside_bodies[p])
+                            parents[p] = parsed[p]
+                    else:  # absent, or given later in this call: a parent must come first
+                        missing.append(p)
+                if missing:
+                    raise MissingParents(r.id, sorted(missing))
                 if check:
-                    parents = {p: batch[p] if p in batch else existing[p].to_receipt() for p in r.parents}
                     chain.check_receipt(r, parents)
                 batch[r.id] = r
                 new_rows.append(
@@ -212,14 +251,42 @@ class Store:
                 )
                 edges.extend({"child": r.id, "parent": p} for p in r.parents)
                 arts.extend({"receipt": r.id, "name": k, "digest": v} for k, v in r.artifacts.items())
-            if new_rows:
-                session.execute(insert(ReceiptRow), new_rows)
+            if len(new_rows) == 1:  # the common single append: its seq comes back with the insert
+                key = conn.execute(_INSERT_RECEIPTS, new_rows[0]).inserted_primary_key
+                assert key is not None  # SQLAlchemy reports the key of a single-row insert on every backend
+                stored[new_rows[0]["id"]] = (key[0], now)
+            elif new_rows:
+                conn.execute(_INSERT_RECEIPTS, new_rows)
             if edges:
-                session.execute(insert(ParentRow), edges)
+                conn.execute(_INSERT_PARENTS, edges)
             if arts:
-                session.execute(insert(ArtifactRow), arts)
-            stored_rows = self._rows_by_id(session, set(ids))
-            return [Stored(r, stored_rows[r.id].seq, stored_rows[r.id].recorded_ns) for r in receipts]
+                conn.execute(_INSERT_ARTIFACTS, arts)
+            if len(new_rows) > 1:
+                stored.update(self._seqs(conn, batch))
+            return [Stored(r, *stored[r.id]) for r in receipts]
+
+    @staticmethod
+    def _seqs(conn: Connection, ids: Iterable[str]) -> dict[str, tuple[int, int]]:
+        """``id -> (seq, recorded_ns)`` for those of ``ids`` that are stored."""
+        out: dict[str, tuple[int, int]] = {}
+        listed = sorted(ids)
+        for i in range(0, len(listed), _CHUNK):
+            rows = conn.execute(_SEQS_BY_ID, {"ids": listed[i : i + _CHUNK]})
+            out.update((rid, (seq, ns)) for rid, seq, ns in rows)
+        return out
+
+    @staticmethod
+    def _lookup(conn: Connection, ids: Iterable[str], *, with_body: bool) -> dict[str, tuple[int, int, bytes]]:
+        """``id -> (seq, recorded_ns, body)`` for those of ``ids`` that are stored (``b""`` bodies unless asked)."""
+        out: dict[str, tuple[int, int, bytes]] = {}
+        listed = sorted(ids)
+        for i in range(0, len(listed), _CHUNK):
+            chunk = {"ids": listed[i : i + _CHUNK]}
+            if with_body:
+                out.update((rid, (seq, ns, body)) for rid, seq, ns, body in conn.execute(_BODIES_BY_ID, chunk))
+            else:
+                out.update((rid, (seq, ns, b"")) for rid, seq, ns in conn.execute(_SEQS_BY_ID, chunk))
+        return out
 
     @staticmethod
     def _rows_by_id(session: Session, ids: set[str]) -> dict[str, ReceiptRow]:
@@ -250,11 +317,11 @@ class Store:
         ref = ref.strip()
         if ref.startswith("blake3:"):
             hexpart = ref.removeprefix("blake3:")
-            if len(hexpart) != 64 or not _HEX_RE.match(hexpart):
+            if len(hexpart) != 64 or not _HEX_RE.fullmatch(hexpart):
                 raise MalformedDigest("receipt id", ref)
         else:
             hexpart = ref.lower()
-            if not _HEX_RE.match(hexpart) or len(hexpart) > 64:
+            if not _HEX_RE.fullmatch(hexpart) or len(hexpart) > 64:
                 raise InputError(f"receipt reference {ref!r} is neither blake3:<64 hex> nor a hex prefix")
             if len(hexpart) < MIN_PREFIX:
                 raise InputError(f"receipt prefix {ref!r} is too short: give at least {MIN_PREFIX} hex digits")
@@ -335,27 +402,31 @@ class Store:
 
     # ----------------------------------------------------------------------------- raw rows for verify
 
-    def raw_closure(self, rid: str) -> tuple[list[ReceiptRow], list[ParentRow], list[ArtifactRow]]:
+    def raw_closure(self, rid: str) -> tuple[list[ReceiptRow], list[ParentEdge], list[ArtifactRef]]:
         """Rows of a receipt's ancestry exactly as stored (nothing parsed), for the verifier to re-check."""
         rows = self._closure(rid, True)
         return (rows, *self._index_rows([r.id for r in rows]))
 
-    def raw_rows(self, ids: Iterable[str]) -> tuple[list[ReceiptRow], list[ParentRow], list[ArtifactRow]]:
+    def raw_rows(self, ids: Iterable[str]) -> tuple[list[ReceiptRow], list[ParentEdge], list[ArtifactRef]]:
         ids = sorted(set(ids))
         with Session(self.engine) as session:
             rows = list(self._rows_by_id(session, set(ids)).values())
             session.expunge_all()
         return (rows, *self._index_rows(ids))
 
-    def _index_rows(self, ids: list[str]) -> tuple[list[ParentRow], list[ArtifactRow]]:
-        edges: list[ParentRow] = []
-        arts: list[ArtifactRow] = []
-        with Session(self.engine) as session:
+    def _index_rows(self, ids: list[str]) -> tuple[list[ParentEdge], list[ArtifactRef]]:
+        # Plain column tuples, not ORM instances: a 1,000-deep verify reads thousands of these (benchmarks/README.md)
+        edges: list[ParentEdge] = []
+        arts: list[ArtifactRef] = []
+        with self.engine.connect() as conn:
             for i in range(0, len(ids), _CHUNK):
                 chunk = ids[i : i + _CHUNK]
-                edges.extend(session.scalars(select(ParentRow).where(ParentRow.child.in_(chunk))))
-                arts.extend(session.scalars(select(ArtifactRow).where(ArtifactRow.receipt.in_(chunk))))
-            session.expunge_all()
+                stmt = select(ParentRow.child, ParentRow.parent).where(ParentRow.child.in_(chunk))
+                edges.extend(ParentEdge(*row) for row in conn.execute(stmt))
+                stmt_a = select(ArtifactRow.receipt, ArtifactRow.name, ArtifactRow.digest).where(
+                    ArtifactRow.receipt.in_(chunk)
+                )
+                arts.extend(ArtifactRef(*row) for row in conn.execute(stmt_a))
         return edges, arts
 
     def iter_rows(self, batch: int = 5000) -> Iterator[ReceiptRow]:

@@ -73,12 +73,15 @@ class KindCheckContext:
 # imported; verify_receipt imports CHECK_MODULES lazily so that plain receipts never pay for them. A check raises a
 # VerificationError or returns lines describing what held.
 KindCheck = Callable[[KindCheckContext], list[str]]
-CHECK_MODULES = ("verify.evaluation",)
-KIND_CHECKS: dict[str, KindCheck] = {}
+CHECK_MODULES = ("verify.evaluation", "verify.recovery")
+KIND_CHECKS: dict[str, list[KindCheck]] = {}
 
 
 def register_kind_check(kind: str, check: KindCheck) -> None:
-    KIND_CHECKS[kind] = check
+    """Add a check for ``kind``; several may share a kind (each ignores receipts of a format not its own)."""
+    checks = KIND_CHECKS.setdefault(kind, [])
+    if check not in checks:
+        checks.append(check)
 
 
 _COLUMNS = ("kind", "run", "rank", "step", "prepared", "selection")
@@ -166,9 +169,9 @@ def verify_receipt(
             importlib.import_module(module)
         seed = secrets.randbits(32) if rescore_seed is None else rescore_seed
         for r in ordered:
-            if r.kind in KIND_CHECKS:
+            for check in KIND_CHECKS.get(r.kind, ()):
                 ctx = KindCheckContext(store, r, closure, artifacts, require_artifacts, rescore, seed)
-                report.checks.extend(KIND_CHECKS[r.kind](ctx))
+                report.checks.extend(check(ctx))
         report.artifacts = check_artifacts(store, ordered, artifacts, progress=progress)
         if require_artifacts and report.missing:
             first = report.missing[0]
@@ -182,27 +185,47 @@ def check_artifacts(
     artifacts: ArtifactStore,
     progress: Callable[[str], None] | None = None,
 ) -> list[ArtifactCheck]:
-    """Re-hash every artifact whose bytes can be found; each digest is hashed once however often it is cited."""
-    results: list[ArtifactCheck] = []
+    """Re-hash every artifact whose bytes can be found; each digest, and each checkpoint directory, is hashed
+    once however often it is cited (a receipt names a checkpoint's state and each of its components)."""
     seen: dict[str, tuple[ArtifactStatus, str | None]] = {}
+    checkpoints: dict[Path, Any] = {}  # directory -> recomputed CheckpointState
+    cited: list[tuple[str, str, str]] = []
     for r in receipts:
-        for name, digest in sorted(r.artifacts.items()):
-            if digest not in seen:
-                if progress:
-                    progress(f"{name} {digest[:19]}")
-                seen[digest] = _check_one(store, r, name, digest, artifacts)
-            status, where = seen[digest]
-            results.append(ArtifactCheck(r.id, name, digest, status, where))
-    return results
+        # States first: a checkpoint directory's recomputation also answers for the components it names.
+        for name, digest in sorted(r.artifacts.items(), key=lambda kv: (kv[0] not in _STATE_NAMES, kv[0])):
+            cited.append((r.id, name, digest))
+            if digest in seen:
+                continue
+            if progress:
+                progress(f"{name} {digest[:19]}")
+            seen[digest] = _check_one(store, r, name, digest, artifacts, checkpoints)
+            where = seen[digest][1]
+            if where is not None and Path(where) in checkpoints and name in _STATE_NAMES:
+                _components_of(r, checkpoints[Path(where)], where, seen)
+    return [ArtifactCheck(rid, name, digest, *seen[digest]) for rid, name, digest in cited]
 
 
-def _check_one(store: Store, r: Receipt, name: str, digest: str,
-               artifacts: ArtifactStore) -> tuple[ArtifactStatus, str | None]:
+_STATE_NAMES = ("state", "seed_state")
+
+
+def _components_of(r: Receipt, state: Any, where: str, seen: dict[str, tuple[ArtifactStatus, str | None]]) -> None:
+    """Check the component digests ``r`` names against the verified state of its checkpoint."""
+    for name, digest in r.artifacts.items():
+        if name in state.components:
+            actual = state.components[name].digest
+            if actual != digest:
+                raise DigestMismatch(f"component {name!r} of checkpoint {where}", expected=digest, actual=actual,
+                                     receipt=r.id, field=f"artifacts.{name}")
+            seen[digest] = ("verified", where)
+
+
+def _check_one(store: Store, r: Receipt, name: str, digest: str, artifacts: ArtifactStore,
+               checkpoints: dict[Path, Any]) -> tuple[ArtifactStatus, str | None]:
     for path in artifacts.candidates(digest, store.locations(digest)):
         if not Path(path).exists():
             continue
         if Path(path).is_dir():
-            _check_checkpoint(Path(path), r, name, digest)
+            _check_checkpoint(Path(path), r, name, digest, checkpoints)
             return "verified", str(path)
         actual = recompute(Path(path))
         if actual != digest:
@@ -212,17 +235,25 @@ def _check_one(store: Store, r: Receipt, name: str, digest: str,
     return "missing", None
 
 
-def _check_checkpoint(path: Path, r: Receipt, name: str, digest: str) -> None:
-    """A checkpoint directory: recompute every digest against its manifest, naming the tensor that fails."""
+def _check_checkpoint(path: Path, r: Receipt, name: str, digest: str, checkpoints: dict[Path, Any]) -> None:
+    """A checkpoint directory: recompute every digest against its manifest (once per directory), naming the
+    tensor that fails, then compare the state or the named component with the receipt's digest."""
     from ledger.state import COMPONENTS, verify_checkpoint
 
     try:
-        if name in COMPONENTS:  # e.g. artifacts["model"] located at the checkpoint directory
-            verify_checkpoint(path, expected_components={name: digest}, receipt=r.id)
-        else:
-            verify_checkpoint(path, expected_state=digest, receipt=r.id)
+        if path not in checkpoints:
+            checkpoints[path] = verify_checkpoint(path, receipt=r.id)
     except VerificationError:
         raise
     except LedgerError as exc:  # unreadable, unsafe or incomplete: the artifact does not verify
         raise VerificationError(f"receipt {r.id}: artifact {name!r} at {path}: {exc.one_line()}", receipt=r.id,
                                 field=f"artifacts.{name}") from exc
+    state = checkpoints[path]
+    if name in COMPONENTS:  # e.g. artifacts["model"] located at the checkpoint directory
+        actual = state.components[name].digest if name in state.components else "absent"
+    else:
+        actual = state.digest
+    if actual != digest:
+        what = f"component {name!r}" if name in COMPONENTS else "state digest"
+        raise DigestMismatch(f"checkpoint {path}: {what}", expected=digest, actual=actual, receipt=r.id,
+                             field=f"artifacts.{name}")

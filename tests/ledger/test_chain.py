@@ -204,7 +204,7 @@ def test_train_end_follows_a_state_of_its_rank(c: ReceiptChain, make_chain: Make
 
 def restore_of(ckpt: Receipt, **changes: Any) -> Receipt:
     fields: dict[str, Any] = {
-        "run": "run-a-recovered", "rank": ckpt.rank, "step": ckpt.step, "prepared": ckpt.prepared,
+        "run": ckpt.run, "rank": ckpt.rank, "step": ckpt.step, "prepared": ckpt.prepared,
         "parents": [ckpt], "artifacts": {"state": ckpt.artifacts["state"], "config": ckpt.artifacts["config"]},
     }
     fields.update(changes)
@@ -220,6 +220,13 @@ def test_restore_rules(c: ReceiptChain) -> None:
     after = make_receipt("checkpoint", run=good.run, rank=good.rank, step=ckpt.step, prepared=c.prepared,
                          parents=[good], artifacts={"state": fake_digest("after")})
     chain.check_receipt(after, table(known, good))
+
+
+def test_restore_from_another_runs_checkpoint(c: ReceiptChain) -> None:
+    """Mix-and-match: a restarted group restores only checkpoints of its own run."""
+    ckpt = c.checkpoints[0]
+    err = broken(restore_of(ckpt, run="another-run"), table(c.receipts()))
+    assert err.field == "run" and err.expected == ckpt.run and err.actual == "another-run"
 
 
 def test_restore_at_wrong_step(c: ReceiptChain) -> None:
@@ -321,8 +328,36 @@ def test_parent_table_entry_must_recompute(c: ReceiptChain) -> None:
 
 
 def test_kinds_without_rules_accept_anything_well_formed() -> None:
-    for kind in ("note", "fault", "audit", "settlement", "serve-phase", "arm-summary", "comparison"):
+    for kind in ("note", "fault", "audit", "settlement", "serve-phase", "comparison"):
         chain.check_receipt(make_receipt(kind, measurements={"k": kind}), {})
+
+
+def _ends(c: ReceiptChain, models: list[str]) -> list[Receipt]:
+    last = c.checkpoints[-1]
+    return [make_receipt("train-end", run=last.run, rank=rank, step=last.step, prepared=c.prepared, parents=[last],
+                         artifacts={"model": fake_digest(m)}) for rank, m in enumerate(models)]
+
+
+@pytest.mark.parametrize("arm", ["ddp-four", "diloco-four"])
+def test_arm_summary_ddp_ranks_must_agree(c: ReceiptChain, arm: str) -> None:
+    same = _ends(c, ["m", "m"])
+    ok = make_receipt("arm-summary", run=same[0].run, prepared=c.prepared, parents=same,
+                      artifacts={"model": fake_digest("m")}, measurements={"arm": arm})
+    chain.check_receipt(ok, table(c.receipts(), *same))
+    differ = _ends(c, ["m", "other"])
+    summary = make_receipt("arm-summary", run=differ[0].run, prepared=c.prepared, parents=differ,
+                           artifacts={"model": fake_digest("m")}, measurements={"arm": arm})
+    if arm == "ddp-four":
+        err = broken(summary, table(c.receipts(), *differ))
+        assert err.field == "artifacts.model"
+    else:  # DiLoCo ranks may differ between outer steps
+        chain.check_receipt(summary, table(c.receipts(), *differ))
+
+
+def test_arm_summary_needs_its_runs_ends(c: ReceiptChain) -> None:
+    err = broken(make_receipt("arm-summary", run="x", prepared=c.prepared, parents=[c.checkpoints[-1]]),
+                 table(c.receipts()))
+    assert err.field == "parents"
 
 
 # ---------------------------------------------------------------------------------------- ordering, depth

@@ -253,7 +253,7 @@ def verify_json(db: Path, ref: str, *extra: str) -> dict[str, Any]:
 def test_present_artifact_is_verified(artifact_db: tuple[Path, ReceiptChain, Path, str]) -> None:
     db, c, _path, digest = artifact_db
     result = verify_cli(db, c.eval.id)
-    assert result.exit_code == 0 and "1 artifact(s) re-hashed" in result.stdout
+    assert result.exit_code == 0 and "1 distinct artifact(s) re-hashed" in result.stdout
     report = verify_json(db, c.eval.id)
     assert report["artifacts_verified"] == 1
     assert digest not in {m["digest"] for m in report["artifacts_missing"]}
@@ -281,7 +281,7 @@ def test_deleted_artifact_is_missing_not_valid(artifact_db: tuple[Path, ReceiptC
     path.unlink()
     result = verify_cli(db, c.eval.id)
     assert result.exit_code == 0
-    assert "0 artifact(s) re-hashed" in result.stdout and f"missing: data {digest}" in result.stdout
+    assert "0 distinct artifact(s) re-hashed" in result.stdout and "missing: " in result.stdout
     report = verify_json(db, c.eval.id)
     assert report["artifacts_verified"] == 0
     assert {"receipt": c.prepare.id, "name": "data", "digest": digest} in report["artifacts_missing"]

@@ -1,0 +1,258 @@
+"""`ledger run ...`: the commands that prepare, train, recover, evaluate and serve. They import torch, so they
+live apart from the fast commands and import the runners only when called."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ledger.errors import LedgerError
+
+WorkdirOpt = Annotated[Path, typer.Option("--workdir", help="Experiment directory (runs, checkpoints, logs).")]
+RunDbOpt = Annotated[
+    str | None,
+    typer.Option("--db", help="Ledger database. Default $LEDGER_DB, else <workdir>/ledger.db"),
+]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Experiment config (TOML). Default: built-in.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+
+
+def run_db(db: str | None, workdir: Path) -> str:
+    """The run commands keep an experiment self-contained: its ledger defaults to <workdir>/ledger.db."""
+    if db is not None:
+        return db
+    return os.environ.get("LEDGER_DB") or str(workdir / "ledger.db")
+
+
+def _emit(value: Any, json_out: bool, text: str) -> None:
+    from ledger.cli import emit_json, out
+
+    if json_out:
+        emit_json(value)
+    else:
+        out.print(text)
+
+
+def _with_progress(label: str, total: int, progress_file: Path, work: Any) -> Any:
+    """Run ``work()`` in a thread while showing rank 0's progress (step, loss, tokens/s) from its progress file."""
+    from ledger.cli import err
+
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = work()
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task(label, total=total, info="")
+        while thread.is_alive():
+            thread.join(0.25)
+            try:
+                p = json.loads(progress_file.read_text())
+            except (OSError, ValueError):
+                continue
+            rate = p["tokens"] / p["seconds"] if p.get("seconds") else 0.0
+            bar.update(task, completed=p["step"], info=f"loss {p['loss']:.4f}  {rate:,.0f} tok/s")
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+def register(run_app: typer.Typer) -> None:
+    """Add the run commands to ``run_app`` (the `ledger run` group)."""
+
+    @run_app.command("prepare")
+    def prepare_cmd(workdir: WorkdirOpt = Path("experiment"), config: ConfigOpt = None, db: RunDbOpt = None,
+                    json_out: JsonOpt = False) -> None:
+        """Generate data, tokenizer and seed model; record prepare, selection and contract receipts."""
+        from runners.prepare import run_prepare
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        summary = run_prepare(config, workdir, run_db(db, workdir))
+        _emit(summary, json_out, "\n".join(f"{k}: {v}" for k, v in summary.items() if not isinstance(v, dict)))
+
+    @run_app.command("train")
+    def train_cmd(
+        arm: Annotated[str, typer.Option("--arm", help="single | ddp-four | diloco-four | all")],
+        workdir: WorkdirOpt = Path("experiment"),
+        db: RunDbOpt = None,
+        prepared: Annotated[str | None, typer.Option(help="Prepared digest (default: the latest prepare).")] = None,
+        steps: Annotated[int | None, typer.Option(help="Stop after this step (default: the config's).")] = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Train an arm on torch.distributed (gloo on CPU), every rank emitting receipts; then its summary."""
+        from runners.train import ARMS, summarize_arm, train_arm
+
+        arms = list(ARMS) if arm == "all" else [arm]
+        for a in arms:
+            if a not in ARMS:
+                raise typer.BadParameter(f"unknown arm {a!r}; choose from {', '.join(ARMS)} or all", param_hint="--arm")
+        url = run_db(db, workdir)
+        results = []
+        for a in arms:
+            progress = workdir / "logs" / f"progress-{a}.json"
+            progress.parent.mkdir(parents=True, exist_ok=True)
+            progress.unlink(missing_ok=True)
+            started = time.perf_counter()
+            launched, run = _with_progress(
+                f"train {a}", steps or _config_steps(url, workdir, prepared), progress,
+                lambda a=a, progress=progress: train_arm(workdir, url, a, prepared=prepared, steps=steps,
+                                                         extra=["--progress", str(progress)]),
+            )
+            if not launched.ok:
+                raise LedgerError(f"arm {a}: rank {launched.failed_rank} failed (exit codes {launched.returncodes});"
+                                  f" see {workdir / 'logs' / run.replace('/', '_')}")
+            from ledger.store import Store
+
+            with Store.open(url) as store:
+                prep = store.find(kind="prepare", prepared=prepared)[-1].receipt
+                summary = summarize_arm(store, prep.prepared or "", a, run)
+            m = summary.measurements
+            results.append({"arm": a, "run": run, "summary": summary.id, "seconds": time.perf_counter() - started,
+                            "max_rank_loop_seconds": m["max_rank_loop_seconds"],
+                            "total_sent_bytes": m["total_sent_bytes"], "parameter_digest": m["parameter_digest"],
+                            "ratios": m["ratios"]})
+        _emit(results, json_out, "\n".join(
+            f"{r['arm']}: {r['summary']}  loop {r['max_rank_loop_seconds']:.1f}s  sent {r['total_sent_bytes']:,} B"
+            f"  model {r['parameter_digest'][:19]}" for r in results))
+
+
+    @run_app.command("recover")
+    def recover_cmd(
+        workdir: WorkdirOpt = Path("experiment"),
+        db: RunDbOpt = None,
+        arm: Annotated[str, typer.Option("--arm", help="The arm to recover (the primary arm by default).")] = (
+            "diloco-four"),
+        kill_rank: Annotated[int, typer.Option("--kill-rank", help="The rank to SIGKILL.")] = 1,
+        kill_after_step: Annotated[
+            int | None, typer.Option("--kill-after-step", help="Kill right after this step (default: a little past "
+                                     "the first checkpoint).")] = None,
+        prepared: Annotated[str | None, typer.Option(help="Prepared digest (default: the latest prepare).")] = None,
+        steps: Annotated[int | None, typer.Option(help="Stop after this step (default: the config's).")] = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Kill a rank mid-run, restart the group from the last common checkpoint, and prove every rank ends
+        exactly where the uninterrupted run ends (exit 1 if any rank diverges)."""
+        from runners.recover import run_recover
+        from verify.recovery import divergence, rank_passed
+
+        result = run_recover(workdir, run_db(db, workdir), arm=arm, kill_rank=kill_rank,
+                             kill_after_step=kill_after_step, prepared=prepared, steps=steps)
+        rows = [dict(c.measurements) for c in result.comparisons]
+        m = dict(result.summary.measurements)
+        _emit({"summary": result.summary.id, **m, "rank_comparisons": rows}, json_out,
+              _recovery_text(result.summary.id, m, rows))
+        bad = [r for r in rows if not rank_passed(r)]
+        if bad:
+            raise divergence(bad[0])
+
+    @run_app.command("replay")
+    def replay_run_cmd(
+        ref: Annotated[str, typer.Argument(help="Checkpoint receipt the segment starts from.")],
+        workdir: WorkdirOpt = Path("experiment"),
+        db: RunDbOpt = None,
+        record: Annotated[bool, typer.Option("--record", help="Append a comparison receipt of the replay.")] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Same as `ledger replay` (kept beside the other run commands)."""
+        _replay(ref, workdir, db, record, json_out)
+
+
+def replay_command(app: typer.Typer) -> None:
+    """`ledger replay` and `ledger compare-runs` at the top level, as the issue tracker names them."""
+
+    @app.command("replay")
+    def replay_cmd(
+        ref: Annotated[str, typer.Argument(help="Checkpoint receipt the segment starts from.")],
+        workdir: WorkdirOpt = Path("experiment"),
+        db: RunDbOpt = None,
+        record: Annotated[bool, typer.Option("--record", help="Append a comparison receipt of the replay.")] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Re-execute the training segment from a checkpoint to the next one (all ranks of its run) and check
+        the result equals the recorded next checkpoint bit for bit (exit 1 naming rank/tensor otherwise)."""
+        _replay(ref, workdir, db, record, json_out)
+
+    @app.command("compare-runs")
+    def compare_runs_cmd(
+        uninterrupted: Annotated[str, typer.Argument(help="Run name (or a train-end receipt) run uninterrupted.")],
+        recovered: Annotated[str, typer.Argument(help="Run name (or a train-end receipt) that was recovered.")],
+        db: Annotated[str | None, typer.Option("--db", help="Ledger database (default $LEDGER_DB or ./ledger.db).")]
+        = None,
+        resume_step: Annotated[int | None, typer.Option(help="Compare losses after this step (default: the "
+                                                        "recovered run's restore step).")] = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Compare two runs rank by rank: model, optimizer, outer and RNG state (tensors, elements, scalars),
+        file hashes, rank binding and the loss trajectory after the resume step. Exit 1 on any divergence."""
+        from ledger.store import Store
+        from verify.recovery import compare_runs, divergence, rank_passed
+
+        with Store.open(db) as store:
+            rows = compare_runs(store, uninterrupted, recovered, resume_step)
+        _emit({"ranks": rows, "passed": all(rank_passed(r) for r in rows)}, json_out, _ranks_text(rows))
+        bad = [r for r in rows if not rank_passed(r)]
+        if bad:
+            raise divergence(bad[0])
+
+
+def _replay(ref: str, workdir: Path, db: str | None, record: bool, json_out: bool) -> None:
+    from runners.replay import replay
+
+    res = replay(workdir, run_db(db, workdir), ref, record=record)
+    _emit(res.to_json(), json_out, "\n".join(
+        [f"replayed {res.run} steps {res.from_step}..{res.to_step} on {len(res.ranks)} rank(s) in "
+         f"{res.seconds:.1f}s: every rank reproduced its recorded checkpoint bit for bit"]
+        + [f"  rank {r['rank']}: {r['replayed_state']}" for r in res.ranks]))
+
+
+def _ranks_text(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'rank':>4}  {'state':<6} {'files':<6} {'binding':<8} {'losses':<8} {'model':>12} {'optimizer':>12} "
+             f"{'outer':>12}  first divergence"]
+    for r in rows:
+        c = r["comparisons"]
+
+        def elems(comp: str, c: dict[str, Any] = c) -> str:
+            return f"{c[comp]['tensor_elements']:,}" if comp in c else "-"
+
+        lines.append(f"{r['rank']:>4}  {_yes(r['contents_exactly_equal']):<6} {_yes(r['file_hashes_equal']):<6} "
+                     f"{_yes(r['binding_equal']):<8} {_yes(r['trajectory_equal']):<8} {elems('model'):>12} "
+                     f"{elems('optimizer'):>12} {elems('outer'):>12}  "
+                     f"{r['first_state_difference'] or r['first_trajectory_divergence'] or ''}")
+    return "\n".join(lines)
+
+
+def _yes(flag: bool) -> str:
+    return "equal" if flag else "DIFF"
+
+
+def _recovery_text(summary: str, m: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    head = (f"recovery {summary}: rank {m['killed_rank']} killed after step {m['last_observed_step_before_kill']}, "
+            f"failed group {m['failed_group_seconds']:.1f}s (torn down {m['detect_seconds']:.1f}s after the kill), "
+            f"restored step {m['restore_step']}, restarted group {m['restarted_group_seconds']:.1f}s; all ranks "
+            f"equal: {m['all_rank_state_and_trajectory_comparisons_passed']}")
+    return head + "\n" + _ranks_text(rows)
+
+
+def _config_steps(url: str, workdir: Path, prepared: str | None) -> int:
+    from ledger.artifacts import ArtifactStore, default_root
+    from ledger.store import Store
+    from runners.prepare import load_prepared
+    from runners.train import latest_prepared
+
+    with Store.open(url) as store:
+        digest = latest_prepared(store, prepared)
+        return load_prepared(store, ArtifactStore(default_root(store.url)), digest).config.train.steps

@@ -1,0 +1,273 @@
+"""The experiment configuration: a tree of dataclasses with defaults, loaded from TOML (``tomllib``).
+
+Loading is strict: an unknown section or key, or a value of the wrong type, raises :class:`InputError` naming the
+dotted key, so a typo never silently falls back to a default. ``to_json()`` gives the canonical-JSON form that
+prepare stores as the ``config`` artifact (its digest is committed by the ``prepared`` digest); integers given for
+float settings are stored as floats, so ``lr = 1`` and ``lr = 1.0`` are the same config.
+
+Paths (work directory, ledger URL) are deliberately not part of the config: the same experiment prepared in two
+places has the same digests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from ledger import digests
+from ledger.errors import InputError
+
+CONFIG_FORMAT: Final = "ledger-experiment-config"
+CONFIG_VERSION: Final = 1
+ARMS: Final = ("single", "ddp-four", "diloco-four")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Task documents (see runners/tasks.py) and retention probes."""
+
+    train_per_variant: int = 512  # training documents per (family, variant)
+    eval_per_variant: int = 64  # held-out selection documents per (family, variant): 4 x 4 x 64 = 1,024
+    retention_probes: int = 128  # pretraining windows the seed model saw, re-scored after training
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model spec: ``tiny`` is runners/model.py's transformer; ``hf`` a Hugging Face causal LM at ``path``."""
+
+    kind: str = "tiny"
+    path: str = ""  # local directory, only for kind = "hf"
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 8
+    d_ff: int = 512
+    max_len: int = 128
+    tie_embeddings: bool = False  # tied weights share storage, which safetensors refuses to save twice
+    dropout: float = 0.0  # if > 0, masks come from an explicit generator (runners/model.py)
+    init_std: float = 0.02
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """The seed model's short character-level pretraining on ``pydoc_data.topics``."""
+
+    steps: int = 300
+    batch_size: int = 16
+    seq_len: int = 128  # window length in characters (= tokens); a probe is one window plus its target
+    lr: float = 0.003
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # 0 disables clipping
+    threads: int = 1  # intra-op threads: the count changes float results, so it is pinned and recorded
+
+
+@dataclass(frozen=True)
+class DilocoConfig:
+    inner_steps: int = 16  # H: inner AdamW steps between outer synchronisations
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings shared by the three arms (same data, same global batch)."""
+
+    steps: int = 640  # a multiple of diloco.inner_steps, so DiLoCo ends on an outer step
+    global_batch: int = 32  # documents per step over all ranks
+    world: int = 4  # ranks of the distributed arms
+    lr: float = 0.001
+    warmup_steps: int = 10
+    schedule: str = "cosine"  # "cosine": linear warm-up, cosine decay to min_lr_ratio * lr; "constant"
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    checkpoint_every: int = 64
+    threads_per_rank: int = 1
+    loss_on: str = "answer"  # "answer": loss on answer + EOS tokens only; "all": every token of the document
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    max_new_tokens: int = 16
+    batch_size: int = 64
+
+
+@dataclass(frozen=True)
+class QualityContract:
+    """Pre-registered quality thresholds (the reference report's learning ``conditions``)."""
+
+    minimum_accuracy_gain_vs_seed: float = 0.1  # every arm's exact-match gain over the seed is at least this
+    maximum_one_sided_p_vs_seed: float = 0.01  # exact one-sided binomial p on discordant pairs is at most this
+    paired_99pct_lower_vs_ddp_min: float = -0.05  # primary arm vs DDP: 99% paired lower bound at least this
+    retention_99pct_upper_max: float = 0.05  # mean per-probe loss change (nats/token): 99% upper at most this
+
+
+@dataclass(frozen=True)
+class EfficiencyContract:
+    """Pre-registered efficiency thresholds (the reference report's training ``conditions``)."""
+
+    active_seconds_vs_ddp_max: float = 1.0  # primary arm's max-rank active seconds / DDP's
+    sent_bytes_vs_ddp_max: float = 0.1  # primary arm's total sent bytes / DDP's
+
+
+@dataclass(frozen=True)
+class ServingContract:
+    """Pre-registered serving conditions (the reference report's serving ``conditions``)."""
+
+    all_requests_completed: bool = True
+    identical_successful_output_tokens: bool = True
+    no_cache_hits: bool = True
+
+
+@dataclass(frozen=True)
+class ContractConfig:
+    primary_arm: str = "diloco-four"
+    baseline_arm: str = "ddp-four"
+    quality: QualityContract = field(default_factory=QualityContract)
+    efficiency: EfficiencyContract = field(default_factory=EfficiencyContract)
+    serving: ServingContract = field(default_factory=ServingContract)
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """The whole experiment. Every tunable lives here; the canonical JSON of this tree is the config artifact."""
+
+    name: str = "four-families"
+    seed: int = 1234
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    contract: ContractConfig = field(default_factory=ContractConfig)
+
+    def to_json(self) -> dict[str, Any]:
+        """The canonical-JSON-able form (a format tag, a version, and every setting)."""
+        return {"format": CONFIG_FORMAT, "version": CONFIG_VERSION, "config": dataclasses.asdict(self)}
+
+    def canonical_bytes(self) -> bytes:
+        return digests.canonical_bytes(self.to_json())
+
+    def digest(self) -> str:
+        """The config artifact's digest (plain BLAKE3 of its canonical bytes, as the artifact store names it)."""
+        return digests.raw_digest(self.canonical_bytes())
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], values: Any, where: str) -> T:
+    """Build dataclass ``cls`` from a TOML table, checking keys and types."""
+    if not isinstance(values, dict):
+        raise InputError(f"config {where or 'root'}: expected a table, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InputError(f"config: unknown key {_join(where, unknown[0])!r} (known: {', '.join(sorted(known))})")
+    kwargs: dict[str, Any] = {}
+    for name, value in values.items():
+        kwargs[name] = _coerce(hints[name], value, _join(where, name))
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)  # type: ignore[arg-type]
+    # bool is an int subclass: check it first and never accept it for a number (nor a number for it)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - guards new field types added without updating this function
+        raise TypeError(f"config field {where} has unsupported type {hint!r}")
+    raise InputError(f"config: {where} must be {hint.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def validate(config: ExperimentConfig) -> ExperimentConfig:
+    """Reject settings that are well-typed but meaningless; returns ``config``."""
+    m, p, t = config.model, config.pretrain, config.train
+    checks: list[tuple[bool, str]] = [
+        (m.kind in ("tiny", "hf"), f"model.kind must be 'tiny' or 'hf', got {m.kind!r}"),
+        (m.kind != "hf" or bool(m.path), "model.path is required when model.kind = 'hf'"),
+        (m.d_model > 0 and m.n_heads > 0 and m.d_model % m.n_heads == 0,
+         f"model.d_model ({m.d_model}) must be a positive multiple of model.n_heads ({m.n_heads})"),
+        (m.n_layers > 0 and m.d_ff > 0, "model.n_layers and model.d_ff must be positive"),
+        (0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}"),
+        (m.init_std > 0, "model.init_std must be positive"),
+        (0 < p.seq_len <= m.max_len, f"pretrain.seq_len ({p.seq_len}) must be in [1, model.max_len={m.max_len}]"),
+        (p.steps >= 0 and p.batch_size > 0 and p.threads > 0,
+         "pretrain.steps >= 0, pretrain.batch_size > 0, pretrain.threads > 0"),
+        (config.data.train_per_variant > 0 and config.data.eval_per_variant > 0,
+         "data.train_per_variant and data.eval_per_variant must be positive"),
+        (config.data.retention_probes >= 0, "data.retention_probes must be >= 0"),
+        (t.steps > 0 and t.world > 0 and t.global_batch > 0 and t.global_batch % t.world == 0,
+         f"train.global_batch ({t.global_batch}) must be a positive multiple of train.world ({t.world})"),
+        (t.checkpoint_every > 0 and t.threads_per_rank > 0, "train.checkpoint_every, threads_per_rank > 0"),
+        (t.loss_on in ("answer", "all"), f"train.loss_on must be 'answer' or 'all', got {t.loss_on!r}"),
+        (t.schedule in ("cosine", "constant"), f"train.schedule must be 'cosine' or 'constant', got {t.schedule!r}"),
+        (t.diloco.inner_steps > 0, "train.diloco.inner_steps must be positive"),
+        (config.contract.primary_arm in ARMS and config.contract.baseline_arm in ARMS,
+         f"contract.primary_arm and contract.baseline_arm must be among {', '.join(ARMS)}"),
+        (config.eval.max_new_tokens > 0 and config.eval.batch_size > 0, "eval settings must be positive"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise InputError(f"config: {message}")
+    return config
+
+
+def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
+    """Build and validate a config from a (TOML-shaped) mapping; missing keys take their defaults."""
+    return validate(_build(ExperimentConfig, values, ""))
+
+
+def load_config(path: Path | None) -> ExperimentConfig:
+    """Load a TOML config file; ``None`` gives the defaults (which equal examples/experiment.toml)."""
+    if path is None:
+        return validate(ExperimentConfig())
+    try:
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+    except FileNotFoundError as exc:
+        raise InputError(f"config file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"config file {path} is not valid TOML: {exc}") from exc
+    return config_from_dict(values)
+
+
+def config_from_json(document: Any) -> ExperimentConfig:
+    """Rebuild a config from its ``to_json()`` form (e.g. the parsed config artifact)."""
+    if not isinstance(document, dict) or document.get("format") != CONFIG_FORMAT:
+        raise InputError(f"not a {CONFIG_FORMAT} document")
+    if document.get("version") != CONFIG_VERSION:
+        raise InputError(f"config version {document.get('version')!r}, this code reads {CONFIG_VERSION}")
+    config = config_from_dict(document["config"])
+    if config.to_json() != document:
+        raise InputError("config document does not round-trip (missing or defaulted keys)")
+    return config
+
+
+def config_from_bytes(data: bytes) -> ExperimentConfig:
+    """Parse the canonical config artifact bytes."""
+    return config_from_json(digests.parse_canonical(data))
