@@ -247,6 +247,51 @@ def verify(
         out.print(f"  {line}")
 
 
+@app.command()
+def audit(
+    db: DbOpt = None,
+    artifacts: ArtifactsOpt = None,
+    prepared: Annotated[str | None, typer.Option(help="Prepared digest (default: the latest prepare).")] = None,
+    record: Annotated[bool, typer.Option("--record/--no-record", help="Append audit and settlement receipts.")]
+    = True,
+    output: Annotated[Path | None, typer.Option("--output", help="Also write the report (JSON) here.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Verify every receipt an experiment's report draws on, recompute the report (training, recovery, learning,
+    contracts, settlement) from the ledger and artifacts, and record it. Exit 1 if anything fails to verify."""
+    from verify.audit import audit as run_audit
+
+    store = _open(db)
+    result = run_audit(store, _artifact_store(store.url, artifacts), prepared, record=record)
+    report = result.report
+    if output is not None:
+        output.write_text(json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    if json_out:
+        emit_json({"report": report, "audit": result.receipt.id if result.receipt else None,
+                   "settlement": result.settlement.id if result.settlement else None, "checks": result.checks})
+        return
+    for line in result.checks:
+        out.print(f"  {line}")
+    t = report["training"]
+    for arm, a in t["arms"].items():
+        out.print(f"training {arm:<12} world {a['world']}  active {a['max_rank_active_seconds']:.1f}s  loop "
+                  f"{a['max_rank_loop_seconds']:.1f}s  sent {a['total_sent_bytes']:,} B  model {a['parameter_digest']}")
+    out.print("ratios " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(t["ratios"].items())))
+    rec = report["recovery"]
+    if "killed_rank" in rec:
+        out.print(f"recovery: rank {rec['killed_rank']} killed after step {rec['last_observed_step_before_kill']}, "
+                  f"restored step {rec['restore_step']}; every rank exactly equal: "
+                  f"{rec['all_rank_state_and_trajectory_comparisons_passed']}")
+    learning = report["learning"]
+    for arm, c in learning.get("comparisons_to_seed", {}).items():
+        out.print(f"learning {arm:<12} gain {c['accuracy_gain']:+.4f}  gained {c['gained']} lost {c['lost']}  "
+                  f"p {c['exact_one_sided_p']:.3g}  99% [{c['normal_99pct_lower']:.4f}, {c['normal_99pct_upper']:.4f}]")
+    out.print("contracts " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in report["contracts"].items())
+              + f"; tokens issued {learning['tokens_issued']}")
+    if result.receipt is not None:
+        out.print(f"audit {result.receipt.id}\nsettlement {result.settlement.id if result.settlement else ''}")
+
+
 # --------------------------------------------------------------------------------------------- db
 
 

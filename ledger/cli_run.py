@@ -130,6 +130,83 @@ def register(run_app: typer.Typer) -> None:
             f"  model {r['parameter_digest'][:19]}" for r in results))
 
 
+    @run_app.command("experiment")
+    def experiment_cmd(
+        workdir: WorkdirOpt = Path("experiment"),
+        config: ConfigOpt = None,
+        db: RunDbOpt = None,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """The whole experiment on an embedded SQLite ledger: prepare, train the three arms, recover the primary
+        arm after killing a rank, evaluate, then audit everything from the ledger."""
+        from ledger.artifacts import ArtifactStore, default_root
+        from ledger.cli import err, out
+        from ledger.store import Store
+        from runners.evaluate import run_evaluation
+        from runners.prepare import run_prepare
+        from runners.recover import run_recover
+        from runners.train import ARMS, summarize_arm, train_arm
+        from verify.audit import audit
+
+        url = run_db(db, workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        seconds: dict[str, float] = {}
+
+        def step(name: str) -> None:
+            err.print(f"[{time.strftime('%H:%M:%S')}] {name}", highlight=False)
+
+        started = time.perf_counter()
+        step("prepare: data, tokenizer, seed model")
+        summary = run_prepare(config, workdir, url)
+        seconds["prepare"] = time.perf_counter() - started
+        prepared = summary["prepared"]
+        for arm in ARMS:
+            t0 = time.perf_counter()
+            step(f"train {arm}")
+            progress = workdir / "logs" / f"progress-{arm}.json"
+            progress.parent.mkdir(parents=True, exist_ok=True)
+            launched, run = _with_progress(f"train {arm}", _config_steps(url, workdir, prepared), progress,
+                                           lambda arm=arm, progress=progress: train_arm(
+                                               workdir, url, arm, prepared=prepared,
+                                               extra=["--progress", str(progress)]))
+            if not launched.ok:
+                raise LedgerError(f"arm {arm}: rank {launched.failed_rank} failed (exit codes "
+                                  f"{launched.returncodes}); see {workdir / 'logs' / run.replace('/', '_')}")
+            with Store.open(url) as store:
+                summarize_arm(store, prepared, arm, run)
+            seconds[f"train/{arm}"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with Store.open(url) as store:
+            primary = next(s.receipt for s in reversed(store.find(kind="contract", prepared=prepared)))
+        primary_arm = str(primary.measurements["primary_arm"])
+        step(f"recover {primary_arm}: kill rank 1, restart from the common checkpoint, compare every rank")
+        recovered = run_recover(workdir, url, arm=primary_arm, prepared=prepared)
+        seconds["recover"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        step("evaluate the seed and every arm on the selection")
+        run_evaluation(workdir, url, prepared=prepared)
+        seconds["eval"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        step("audit: verify every receipt and recompute the report")
+        with Store.open(url) as store:
+            result = audit(store, ArtifactStore(default_root(store.url)), prepared)
+        seconds["audit"] = time.perf_counter() - t0
+        seconds["total"] = time.perf_counter() - started
+        report_path = workdir / "report.json"
+        report_path.write_text(json.dumps(result.report, indent=2, sort_keys=True) + "\n")
+        value = {"prepared": prepared, "db": url, "report": str(report_path), "recovery_passed": recovered.passed,
+                 "audit": result.receipt.id if result.receipt else None, "contracts": result.report["contracts"],
+                 "seconds": seconds}
+        text = (f"experiment {prepared}\nledger {url}\nreport {report_path}\n"
+                f"audit {value['audit']}\ncontracts " + ", ".join(
+                    f"{k} {'PASS' if v else 'FAIL'}" for k, v in result.report["contracts"].items())
+                + "\n" + "  ".join(f"{k} {v:.0f}s" for k, v in seconds.items()))
+        if json_out:
+            _emit(value, True, "")
+        else:
+            out.print(text)
+            out.print(f"verify any receipt: ledger verify --db {url} <id>; the audit: ledger audit --db {url}")
+
     @run_app.command("recover")
     def recover_cmd(
         workdir: WorkdirOpt = Path("experiment"),
@@ -142,15 +219,23 @@ def register(run_app: typer.Typer) -> None:
                                      "the first checkpoint).")] = None,
         prepared: Annotated[str | None, typer.Option(help="Prepared digest (default: the latest prepare).")] = None,
         steps: Annotated[int | None, typer.Option(help="Stop after this step (default: the config's).")] = None,
+        resume_fault: Annotated[
+            str | None, typer.Option("--resume-fault", hidden=True,
+                                     help="Restart wrongly on purpose (tests and demonstrations of the proof).")
+        ] = None,
         json_out: JsonOpt = False,
     ) -> None:
         """Kill a rank mid-run, restart the group from the last common checkpoint, and prove every rank ends
         exactly where the uninterrupted run ends (exit 1 if any rank diverges)."""
         from runners.recover import run_recover
+        from runners.train import RESUME_FAULTS
         from verify.recovery import divergence, rank_passed
 
+        if resume_fault is not None and resume_fault not in RESUME_FAULTS:
+            raise typer.BadParameter(f"choose from {', '.join(RESUME_FAULTS)}", param_hint="--resume-fault")
         result = run_recover(workdir, run_db(db, workdir), arm=arm, kill_rank=kill_rank,
-                             kill_after_step=kill_after_step, prepared=prepared, steps=steps)
+                             kill_after_step=kill_after_step, prepared=prepared, steps=steps,
+                             restore_extra=["--resume-fault", resume_fault] if resume_fault else None)
         rows = [dict(c.measurements) for c in result.comparisons]
         m = dict(result.summary.measurements)
         _emit({"summary": result.summary.id, **m, "rank_comparisons": rows}, json_out,

@@ -35,6 +35,15 @@ def _ends(store: Store, prepared: str, run: str) -> dict[int, Receipt]:
     return {s.receipt.rank or 0: s.receipt for s in store.find(kind="train-end", run=run, prepared=prepared)}
 
 
+def _fresh_run(store: Store, name: str) -> str:
+    """``name`` if the ledger has no receipt of that run, else ``name/2``, ``name/3``, ..."""
+    candidate, n = name, 1
+    while store.find(run=candidate, limit=1):
+        n += 1
+        candidate = f"{name}/{n}"
+    return candidate
+
+
 def latest_common_checkpoint(store: Store, prepared: str, run: str, world: int) -> dict[int, Receipt]:
     """For each rank, the checkpoint receipt at the last step that EVERY rank completed in ``run``."""
     by_rank: dict[int, dict[int, Receipt]] = {r: {} for r in range(world)}
@@ -51,8 +60,13 @@ def latest_common_checkpoint(store: Store, prepared: str, run: str, world: int) 
 
 def run_recover(workdir: Path, db: str, *, arm: str = "diloco-four", kill_rank: int = 1,
                 kill_after_step: int | None = None, prepared: str | None = None, steps: int | None = None,
-                timeout: float = 20.0, restore_extra: list[str] | None = None) -> RecoveryResult:
-    """Run the uninterrupted arm if needed, the killed group, the restart, and the per-rank comparisons."""
+                timeout: float = 20.0, restore_extra: list[str] | None = None,
+                run: str | None = None) -> RecoveryResult:
+    """Run the uninterrupted arm if needed, the killed group, the restart, and the per-rank comparisons.
+
+    ``run`` names the recovered run (default ``recover/<arm>``, or ``recover/<arm>/<n>`` when the ledger already has
+    that run): each attempt is its own run, so its common checkpoint is never taken from an earlier attempt.
+    """
     world = ARMS[arm]
     if not 0 <= kill_rank < world:
         raise LedgerError(f"--kill-rank {kill_rank}: arm {arm} has ranks 0..{world - 1}")
@@ -70,17 +84,21 @@ def run_recover(workdir: Path, db: str, *, arm: str = "diloco-four", kill_rank: 
         raise LedgerError(f"--kill-after-step {kill_after_step} must be at least one checkpoint in ({every}) and "
                           f"before the last step ({last})")
 
-    base = f"train/{arm}"
     with Store.open(db) as store:
-        have = _ends(store, prep, base)
-        same_length = len(have) == world and all(e.step == last for e in have.values())
-    if not same_length:
-        base = f"recover/{arm}/uninterrupted"
+        # Reuse a complete uninterrupted run of the same length: the arm's training run, or an earlier recovery's.
+        bases = [f"train/{arm}", f"recover/{arm}/uninterrupted"]
+        complete = [b for b in bases if len(have := _ends(store, prep, b)) == world
+                    and all(e.step == last for e in have.values())]
+        base = complete[0] if complete else _fresh_run(store, bases[1])
+        if run is None:
+            run = _fresh_run(store, f"recover/{arm}")
+        elif store.find(run=run, limit=1):
+            raise LedgerError(f"run {run} is already in the ledger; a recovery attempt needs a run of its own")
+    if not complete:
         res, _ = train_arm(workdir, db, arm, run=base, prepared=prep, steps=steps, timeout=timeout)
         if not res.ok:
             raise LedgerError(f"uninterrupted {arm} run failed (exit codes {res.returncodes})")
 
-    run = f"recover/{arm}"
     trigger = workdir / "logs" / f"kill-{run.replace('/', '_')}-{time.time_ns()}.json"
     trigger.parent.mkdir(parents=True, exist_ok=True)
     failed, _ = train_arm(workdir, db, arm, run=run, prepared=prep, steps=steps, timeout=timeout,

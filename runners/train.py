@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ from runners.prepare import load_model_weights, load_prepared
 from runners.rng import Rngs, seed_global_rngs
 from runners.tasks import Document
 from runners.tokenizer import CharTokenizer
+from verify.training import arm_figures, ratios
 
 ARMS = {"single": 1, "ddp-four": 4, "diloco-four": 4}
 # Ways to resume wrongly, for the negative tests of the recovery proof (never used by a real run).
@@ -133,8 +135,15 @@ def documents_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tens
 
 
 def lr_at(cfg: ExperimentConfig, step: int) -> float:
+    """Linear warm-up over steps 1..warmup, then ``train.schedule``: constant, or cosine decay to min_lr_ratio * lr
+    at ``train.steps`` (the config's, not a --steps cut, so a shortened run follows the same curve)."""
     t = cfg.train
-    return t.lr * min(1.0, step / t.warmup_steps) if t.warmup_steps > 0 else t.lr
+    if t.warmup_steps > 0 and step < t.warmup_steps:
+        return t.lr * step / t.warmup_steps
+    if t.schedule == "constant":
+        return t.lr
+    progress = min(1.0, max(0.0, (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)))
+    return t.lr * (t.min_lr_ratio + (1.0 - t.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 # ------------------------------------------------------------------------------------------------ arms
@@ -436,8 +445,9 @@ def worker(argv: Sequence[str] | None = None) -> int:
     comm.barrier()
     shutdown_group()
     store.close()
-    if env.rank == 0:
-        print(json.dumps({"train_end": end.id, "recorded": not args.no_ledger}), flush=True)
+    # Every rank reports its end on stdout (its log), so a --no-ledger run's figures are still readable (benchmarks).
+    print(json.dumps({"rank": env.rank, "train_end": end.id, "recorded": not args.no_ledger,
+                      "loop_seconds": figures.loop_seconds, "sent_bytes": comm.sent_bytes}), flush=True)
     return 0
 
 
@@ -451,36 +461,6 @@ class ArmResult:
     ends: list[Stored]
     summary: Receipt
     seconds: float
-
-
-def arm_figures(ends: Sequence[Receipt]) -> dict[str, Any]:
-    """The arm's per-rank figures and max-rank/total figures, as in the reference report's training arms."""
-    ranks = []
-    for r in sorted(ends, key=lambda e: e.rank or 0):
-        m = r.measurements
-        ranks.append({k: m[k] for k in ("update_seconds", "synchronization_seconds", "active_seconds",
-                                         "checkpoint_seconds", "loop_seconds", "sent_bytes", "interface_bytes")}
-                     | {"rank": r.rank})
-    return {
-        "world": len(ranks),
-        "ranks": ranks,
-        "max_rank_active_seconds": max(r["active_seconds"] for r in ranks),
-        "max_rank_loop_seconds": max(r["loop_seconds"] for r in ranks),
-        "total_sent_bytes": sum(r["sent_bytes"] for r in ranks),
-        "parameter_digest": ends[0].artifacts["model"],
-    }
-
-
-def ratios(primary: Mapping[str, Any], ddp: Mapping[str, Any] | None,
-           single: Mapping[str, Any] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if ddp is not None:
-        out["active_seconds_vs_ddp"] = primary["max_rank_active_seconds"] / ddp["max_rank_active_seconds"]
-        out["sent_bytes_vs_ddp"] = primary["total_sent_bytes"] / ddp["total_sent_bytes"]
-    if single is not None:
-        out["active_seconds_vs_single"] = primary["max_rank_active_seconds"] / single["max_rank_active_seconds"]
-        out["loop_seconds_vs_single"] = primary["max_rank_loop_seconds"] / single["max_rank_loop_seconds"]
-    return out
 
 
 def summarize_arm(store: Store, prepared: str, arm: str, run: str) -> Receipt:

@@ -73,7 +73,7 @@ class KindCheckContext:
 # imported; verify_receipt imports CHECK_MODULES lazily so that plain receipts never pay for them. A check raises a
 # VerificationError or returns lines describing what held.
 KindCheck = Callable[[KindCheckContext], list[str]]
-CHECK_MODULES = ("verify.evaluation", "verify.recovery")
+CHECK_MODULES = ("verify.evaluation", "verify.recovery", "verify.training", "verify.audit")
 KIND_CHECKS: dict[str, list[KindCheck]] = {}
 
 
