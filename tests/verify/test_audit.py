@@ -1,0 +1,116 @@
+"""The main job end to end on a tiny config (`ledger run experiment`), then the audit and its tamper cases."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ledger.artifacts import ArtifactStore, default_root
+from ledger.cli import app
+from ledger.store import Store
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+TINY = """
+[data]
+train_per_variant = 16
+eval_per_variant = 2
+retention_probes = 8
+[model]
+d_model = 32
+n_layers = 1
+n_heads = 2
+d_ff = 64
+max_len = 96
+[pretrain]
+steps = 4
+batch_size = 4
+seq_len = 32
+[train]
+steps = 4
+global_batch = 8
+checkpoint_every = 2
+[train.diloco]
+inner_steps = 2
+"""
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("experiment")
+    config = work / "tiny.toml"
+    config.write_text(TINY)
+    result = runner.invoke(app, ["run", "experiment", "--workdir", str(work), "--config", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    value: dict[str, Any] = json.loads(result.stdout)
+    value["workdir"] = work
+    return value
+
+
+def _db(e: dict[str, Any]) -> str:
+    return str(Path(e["workdir"]) / "ledger.db")
+
+
+def test_experiment_records_every_step_and_the_audit_verifies(experiment: dict[str, Any]) -> None:
+    report = json.loads(Path(experiment["report"]).read_text())
+    assert set(report["training"]["arms"]) == {"single", "ddp-four", "diloco-four"}
+    assert report["recovery"]["all_rank_state_and_trajectory_comparisons_passed"] is True
+    assert report["contracts"]["recovery"] is True
+    assert report["learning"]["serving_approved"] is False and report["learning"]["tokens_issued"] == 0
+    # DiLoCo with H=2 sends exactly half of DDP's bytes (one pseudo-gradient all-reduce per two steps).
+    assert report["training"]["ratios"]["sent_bytes_vs_ddp"] == 0.5
+    assert report["training"]["arms"]["single"]["total_sent_bytes"] == 0
+    ddp = report["training"]["arms"]["ddp-four"]
+    assert len({r["sent_bytes"] for r in ddp["ranks"]}) == 1
+    result = runner.invoke(app, ["verify", "--db", _db(experiment), experiment["audit"], "--require-artifacts"])
+    assert result.exit_code == 0, result.output
+    assert "report rebuilt from the ledger, every field equal" in result.stdout
+    assert "recovery: 4 rank comparison(s) passed" in result.stdout
+
+
+def test_audit_again_gives_the_same_report(experiment: dict[str, Any]) -> None:
+    result = runner.invoke(app, ["audit", "--db", _db(experiment), "--no-record", "--json"])
+    assert result.exit_code == 0, result.output
+    again = json.loads(result.stdout)["report"]
+    assert again == json.loads(Path(experiment["report"]).read_text())
+
+
+def test_a_rewritten_report_artifact_is_named(experiment: dict[str, Any], tmp_path: Path) -> None:
+    with Store.open(_db(experiment)) as store:
+        audit = store.get(experiment["audit"]).receipt
+        arts = ArtifactStore(default_root(store.url))
+    path = arts.path_for(audit.artifacts["report"])
+    original = path.read_bytes()
+    try:
+        path.write_bytes(original.replace(b'"killed_rank":1', b'"killed_rank":2'))
+        result = runner.invoke(app, ["verify", "--db", _db(experiment), experiment["audit"]])
+        assert result.exit_code == 1
+        assert "report" in result.stderr and audit.id in result.stderr
+    finally:
+        path.write_bytes(original)
+
+
+def test_a_tampered_arm_figure_is_named(experiment: dict[str, Any]) -> None:
+    """An operator who inflates a rank's loop seconds in a train-end body breaks that receipt's id, named by verify."""
+    with Store.open(_db(experiment)) as store:
+        end = store.find(kind="train-end", run="train/ddp-four", rank=2)[-1].receipt
+    conn = sqlite3.connect(_db(experiment))
+    (body,) = conn.execute("SELECT body FROM receipts WHERE id = ?", (end.id,)).fetchone()
+    forged = bytes(body).replace(b'"loop_seconds":', b'"loop_seconds":1', 1)
+    try:
+        conn.execute("UPDATE receipts SET body = ? WHERE id = ?", (forged, end.id))
+        conn.commit()
+        result = runner.invoke(app, ["verify", "--db", _db(experiment), experiment["audit"]])
+        assert result.exit_code == 1
+        assert end.id in result.stderr and "body" in result.stderr
+    finally:
+        conn.execute("UPDATE receipts SET body = ? WHERE id = ?", (body, end.id))
+        conn.commit()
+        conn.close()
