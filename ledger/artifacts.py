@@ -39,7 +39,8 @@ def default_root(db_url: str | None = None) -> Path:
     return Path("artifacts")
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory by path (a directory's fsync makes a rename in it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -60,7 +61,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def path_from_uri(uri: str) -> Path | None:
@@ -116,7 +117,7 @@ class ArtifactStore:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
-            fsync_dir(target.parent)
+            fsync_path(target.parent)
         return digest
 
     def get_bytes(self, digest: str) -> bytes | None:

@@ -524,7 +524,7 @@ def _register_run_commands() -> None:
     from ledger import cli_eval, cli_run
 
     cli_run.register(run_app)
-    cli_run.replay_command(app)
+    cli_run.replay_command(app, run_app)
     cli_eval.register(run_app, app)
 
 

@@ -244,22 +244,12 @@ def register(run_app: typer.Typer) -> None:
         if bad:
             raise divergence(bad[0])
 
-    @run_app.command("replay")
-    def replay_run_cmd(
-        ref: Annotated[str, typer.Argument(help="Checkpoint receipt the segment starts from.")],
-        workdir: WorkdirOpt = Path("experiment"),
-        db: RunDbOpt = None,
-        record: Annotated[bool, typer.Option("--record", help="Append a comparison receipt of the replay.")] = False,
-        json_out: JsonOpt = False,
-    ) -> None:
-        """Same as `ledger replay` (kept beside the other run commands)."""
-        _replay(ref, workdir, db, record, json_out)
 
-
-def replay_command(app: typer.Typer) -> None:
-    """`ledger replay` and `ledger compare-runs` at the top level, as the issue tracker names them."""
+def replay_command(app: typer.Typer, run_app: typer.Typer) -> None:
+    """`ledger replay` (also `ledger run replay`) and `ledger compare-runs` at the top level."""
 
     @app.command("replay")
+    @run_app.command("replay")
     def replay_cmd(
         ref: Annotated[str, typer.Argument(help="Checkpoint receipt the segment starts from.")],
         workdir: WorkdirOpt = Path("experiment"),
@@ -269,7 +259,13 @@ def replay_command(app: typer.Typer) -> None:
     ) -> None:
         """Re-execute the training segment from a checkpoint to the next one (all ranks of its run) and check
         the result equals the recorded next checkpoint bit for bit (exit 1 naming rank/tensor otherwise)."""
-        _replay(ref, workdir, db, record, json_out)
+        from runners.replay import replay
+
+        res = replay(workdir, run_db(db, workdir), ref, record=record)
+        _emit(res.to_json(), json_out, "\n".join(
+            [f"replayed {res.run} steps {res.from_step}..{res.to_step} on {len(res.ranks)} rank(s) in "
+             f"{res.seconds:.1f}s: every rank reproduced its recorded checkpoint bit for bit"]
+            + [f"  rank {r['rank']}: {r['replayed_state']}" for r in res.ranks]))
 
     @app.command("compare-runs")
     def compare_runs_cmd(
@@ -292,16 +288,6 @@ def replay_command(app: typer.Typer) -> None:
         bad = [r for r in rows if not rank_passed(r)]
         if bad:
             raise divergence(bad[0])
-
-
-def _replay(ref: str, workdir: Path, db: str | None, record: bool, json_out: bool) -> None:
-    from runners.replay import replay
-
-    res = replay(workdir, run_db(db, workdir), ref, record=record)
-    _emit(res.to_json(), json_out, "\n".join(
-        [f"replayed {res.run} steps {res.from_step}..{res.to_step} on {len(res.ranks)} rank(s) in "
-         f"{res.seconds:.1f}s: every rank reproduced its recorded checkpoint bit for bit"]
-        + [f"  rank {r['rank']}: {r['replayed_state']}" for r in res.ranks]))
 
 
 def _ranks_text(rows: list[dict[str, Any]]) -> str:

@@ -46,7 +46,7 @@ from safetensors.torch import load_file, save_file
 
 from ledger import digests
 from ledger import state as ledger_state
-from ledger.artifacts import fsync_dir
+from ledger.artifacts import fsync_path
 from ledger.errors import CheckpointExists, CheckpointMismatch, DigestMismatch, MissingComponent
 from runners.rng import Rngs, apply_rng_state, capture_rng_state, parse_rng_state
 
@@ -87,13 +87,6 @@ class LoadedCheckpoint:
 # --------------------------------------------------------------------------------------------- file helpers
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 def _storable(tensors: Mapping[str, torch.Tensor], what: str) -> dict[str, torch.Tensor]:
     """Contiguous CPU tensors that each own their storage.
@@ -123,7 +116,7 @@ def _storable(tensors: Mapping[str, torch.Tensor], what: str) -> dict[str, torch
 
 def _write_tensors(path: Path, tensors: Mapping[str, torch.Tensor], what: str) -> None:
     save_file(_storable(tensors, what), str(path))
-    _fsync_file(path)
+    fsync_path(path)
 
 
 def _write_json(path: Path, value: JSON) -> None:
@@ -287,13 +280,13 @@ def save_checkpoint(path: str | os.PathLike[str], *, model: torch.nn.Module, opt
         _write_json(tmp / "rng.json", rng_scalars)
         # The manifest is written last (hashing what is on disk); its presence marks a complete checkpoint.
         manifest = ledger_state.write_manifest(tmp, meta)
-        _fsync_file(tmp / "manifest.json")
-        fsync_dir(tmp)
+        fsync_path(tmp / "manifest.json")
+        fsync_path(tmp)
         _rename_noreplace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_dir(parent)
+    fsync_path(parent)
     return SavedCheckpoint(path=final, digest=manifest.checkpoint, manifest=manifest)
 
 
@@ -308,7 +301,7 @@ def cleanup_partial(parent: str | os.PathLike[str]) -> list[Path]:
             shutil.rmtree(entry)
             removed.append(entry)
     if removed:
-        fsync_dir(Path(parent))
+        fsync_path(Path(parent))
     return removed
 
 
