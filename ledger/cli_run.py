@@ -302,8 +302,15 @@ def _ranks_text(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{r['rank']:>4}  {_yes(r['contents_exactly_equal']):<6} {_yes(r['file_hashes_equal']):<6} "
                      f"{_yes(r['binding_equal']):<8} {_yes(r['trajectory_equal']):<8} {elems('model'):>12} "
                      f"{elems('optimizer'):>12} {elems('outer'):>12}  "
-                     f"{r['first_state_difference'] or r['first_trajectory_divergence'] or ''}")
+                     f"{_first_divergence(r)}")
     return "\n".join(lines)
+
+
+def _first_divergence(r: dict[str, Any]) -> str:
+    """Where a rank parts: the first differing loss (what the error names first), then the final state's first
+    difference."""
+    parts = [] if r["first_trajectory_divergence"] is None else [f"loss at step {r['first_trajectory_divergence']}"]
+    return "; ".join(parts + ([r["first_state_difference"]] if r["first_state_difference"] else []))
 
 
 def _yes(flag: bool) -> str:

@@ -107,7 +107,7 @@ def run_recover(workdir: Path, db: str, *, arm: str = "diloco-four", kill_rank: 
     if failed.ok or not trigger.exists():
         raise LedgerError(f"the planned kill of rank {kill_rank} after step {kill_after_step} did not happen "
                           f"(exit codes {failed.returncodes})")
-    observed = json.loads(trigger.read_text())
+    observed = json.loads(trigger.read_text())  # written atomically by the rank once the step is done
 
     with Store.open(db) as store:
         restore = latest_common_checkpoint(store, prep, run, world)

@@ -83,6 +83,13 @@ def replay(workdir: Path, db: str, ref: str, *, record: bool = False, timeout: f
             raise InputError(f"receipt {start.id} names no known arm ({arm!r})")
         begin, end = _segment(store, start)
         prepared = start.prepared
+        # The recorded output's own files must still be what its receipts say (an edited file is named here);
+        # checked before re-executing, so an altered record fails without spending the compute.
+        from ledger.artifacts import ArtifactStore, default_root
+        from verify.receipts import verify_receipt
+
+        for recorded in end.values():
+            verify_receipt(store, recorded.id, artifacts=ArtifactStore(default_root(store.url)))
     to_step = next(iter(end.values())).step or 0
     with tempfile.TemporaryDirectory(prefix="ledger-replay-") as tmp:
         mapping = Path(tmp) / "restore.json"
@@ -113,13 +120,6 @@ def replay(workdir: Path, db: str, ref: str, *, record: bool = False, timeout: f
                         f"checkpoint receipt {recorded.id}: {detail}", receipt=recorded.id,
                         field="artifacts.state", expected=recorded.artifacts["state"], actual=digest)
                 ranks.append(row)
-            # The recorded output's own files must still be what its receipt says (a forged file is named here).
-            from verify.receipts import verify_receipt
-
-            for recorded in end.values():
-                from ledger.artifacts import ArtifactStore, default_root
-
-                verify_receipt(store, recorded.id, artifacts=ArtifactStore(default_root(store.url)))
             res = ReplayResult(start.run or "", arm, start.step or 0, to_step, ranks, result.seconds)
             if record:
                 res.receipt = store.append(make_receipt(

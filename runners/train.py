@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import signal
 import socket
@@ -270,7 +271,8 @@ def worker(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--db", required=True)
     parser.add_argument("--arm", choices=sorted(ARMS), required=True)
-    parser.add_argument("--run", required=True)
+    # --run-name: torchrun's own parser takes "--run" for an abbreviation of its --run-path and refuses it.
+    parser.add_argument("--run", "--run-name", dest="run", required=True)
     parser.add_argument("--prepared", default=None)
     parser.add_argument("--restore", type=Path, default=None, help="JSON file: {rank: checkpoint receipt id}")
     parser.add_argument("--kill-after-step", type=int, default=None)
@@ -317,8 +319,15 @@ def worker(argv: Sequence[str] | None = None) -> int:
     threads = torch.get_num_threads()
     binding = _binding(env, args.arm, args.run, device, threads)
 
+    ledger_seconds = [0.0]  # time spent appending receipts and recording locations (reported for benchmarks)
+
     def record(receipt: Receipt) -> Receipt:
-        return receipt if args.no_ledger else store.append(receipt).receipt
+        if args.no_ledger:
+            return receipt
+        t0 = time.perf_counter()
+        stored = store.append(receipt).receipt
+        ledger_seconds[0] += time.perf_counter() - t0
+        return stored
 
     start_step = 0
     data_offset = 0  # only a deliberate "cursor" fault makes it non-zero
@@ -363,10 +372,13 @@ def worker(argv: Sequence[str] | None = None) -> int:
         saved = save_checkpoint(run_dir / f"step{step:07d}", model=model, optimizer=optimizer,
                                 outer=diloco.state() if diloco is not None else None, rngs=rngs, cursor=step,
                                 meta=meta)
-        # The directory is where the state and each component digest can be re-hashed from.
+        # The directory is where the state (and with it every component it names) is re-hashed from; the model is
+        # also looked up by its own digest (evaluation, serving). One write transaction each, so no more than these.
         if not args.no_ledger:
-            for digest in (saved.digest, *saved.manifest.components.values()):
+            t1 = time.perf_counter()
+            for digest in (saved.digest, saved.manifest.components["model"]):
                 store.add_location(digest, str(saved.path.resolve()))
+            ledger_seconds[0] += time.perf_counter() - t1
         receipt = record(make_receipt(
             "checkpoint", run=args.run, rank=env.rank, step=step, prepared=prepared, parents=[previous],
             artifacts=_state_artifacts(saved.manifest, config_digest),
@@ -414,7 +426,11 @@ def worker(argv: Sequence[str] | None = None) -> int:
         if step % tcfg.checkpoint_every == 0 or step == last_step:
             previous = checkpoint(step)
         if args.kill_after_step == step and args.kill_rank == env.rank and args.kill_trigger is not None:
-            args.kill_trigger.write_text(json.dumps({"rank": env.rank, "step": step}))
+            # Atomic (write, then rename): the launcher kills as soon as the file exists, so it must never see
+            # it empty.
+            pending = args.kill_trigger.with_name(args.kill_trigger.name + ".tmp")
+            pending.write_text(json.dumps({"rank": env.rank, "step": step}))
+            os.replace(pending, args.kill_trigger)
             while True:  # wait for the launcher's SIGKILL; never run past the planned step
                 signal.pause()
 
@@ -447,7 +463,8 @@ def worker(argv: Sequence[str] | None = None) -> int:
     store.close()
     # Every rank reports its end on stdout (its log), so a --no-ledger run's figures are still readable (benchmarks).
     print(json.dumps({"rank": env.rank, "train_end": end.id, "recorded": not args.no_ledger,
-                      "loop_seconds": figures.loop_seconds, "sent_bytes": comm.sent_bytes}), flush=True)
+                      "loop_seconds": figures.loop_seconds, "sent_bytes": comm.sent_bytes,
+                      "ledger_seconds": ledger_seconds[0]}), flush=True)
     return 0
 
 
