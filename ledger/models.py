@@ -12,9 +12,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from ledger.receipts import Receipt
 
 # The Alembic revision this code reads and writes. tests/ledger/test_migrations.py checks it is the only head.
-SCHEMA_HEAD = "0001_initial"
+SCHEMA_HEAD = "0002_seq_keyed_index_rows"
 # Every revision this code knows, oldest first: a database at one of these but not the head needs an upgrade.
-KNOWN_REVISIONS = ("0001_initial",)
+KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -60,26 +60,38 @@ class ReceiptRow(Base):
 
 
 class ParentRow(Base):
-    """One edge of the DAG: ``child`` cites ``parent``. Mirrors the body's ``parents`` list."""
+    """One edge of the DAG: the receipt at ``child_seq`` cites the one at ``parent_seq``. Mirrors the body's
+    ``parents`` list.
+
+    Keyed by ``receipts.seq``, not by the 71-character ids: a new receipt's edges then land at the end of both
+    B-trees instead of at random places in them, which is most of what a batched append costs
+    (benchmarks/README.md, ledger_bench). The store and the verifier translate seqs to ids.
+    """
 
     __tablename__ = "receipt_parents"
 
-    child: Mapped[str] = mapped_column(String(DIGEST_LEN), ForeignKey("receipts.id"), primary_key=True)
-    parent: Mapped[str] = mapped_column(String(DIGEST_LEN), ForeignKey("receipts.id"), primary_key=True)
+    child_seq: Mapped[int] = mapped_column(Integer, ForeignKey("receipts.seq"), primary_key=True)
+    parent_seq: Mapped[int] = mapped_column(Integer, ForeignKey("receipts.seq"), primary_key=True)
 
-    __table_args__ = (Index("ix_receipt_parents_parent", "parent"),)
+    # Descendants walk the edges from the parent side. WITHOUT ROWID on SQLite: the primary key is the whole row,
+    # so the table is one B-tree instead of a rowid table plus its key index.
+    __table_args__ = (Index("ix_receipt_parents_parent_seq", "parent_seq"), {"sqlite_with_rowid": False})
 
 
 class ArtifactRow(Base):
-    """An artifact a receipt refers to. Mirrors the body's ``artifacts`` object."""
+    """An artifact a receipt refers to. Mirrors the body's ``artifacts`` object.
+
+    No index on ``digest``: nothing looks receipts up by artifact digest, and that index (random 71-character keys)
+    cost more than the rest of an append (benchmarks/README.md).
+    """
 
     __tablename__ = "receipt_artifacts"
 
-    receipt: Mapped[str] = mapped_column(String(DIGEST_LEN), ForeignKey("receipts.id"), primary_key=True)
+    receipt_seq: Mapped[int] = mapped_column(Integer, ForeignKey("receipts.seq"), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     digest: Mapped[str] = mapped_column(String(DIGEST_LEN))
 
-    __table_args__ = (Index("ix_receipt_artifacts_digest", "digest"),)
+    __table_args__ = {"sqlite_with_rowid": False}  # one B-tree keyed by (receipt_seq, name), as for the edges
 
 
 class LocationRow(Base):

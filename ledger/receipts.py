@@ -115,10 +115,13 @@ class Receipt:
     @classmethod
     def from_bytes(cls, data: bytes) -> Receipt:
         """Parse canonical receipt bytes. Non-canonical bytes or a bad shape raise MalformedReceipt/NonCanonical."""
-        document = digests.parse_canonical(data)
+        document = digests.parse_canonical(data)  # proves data == canonical_bytes(document)
         receipt = cls.from_document(document)
-        if receipt.body != data:  # cannot happen if parsing is exact; guard the invariant anyway
-            raise MalformedReceipt("re-encoding changed the bytes")
+        # So the receipt's body is ``data`` as long as the receipt holds exactly the parsed document: compare the
+        # documents (cheap) instead of encoding the bytes a second time, and keep ``data`` as the body.
+        if receipt.to_document() != document:  # cannot happen if from_document is exact; guard the invariant
+            raise MalformedReceipt("the parsed receipt differs from its document")
+        receipt.__dict__["body"] = bytes(data)  # fills the cached_property (the dataclass is frozen)
         return receipt
 
     @classmethod

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Engine, bindparam, create_engine, event, insert, select, text
+from sqlalchemy import Connection, Engine, Select, bindparam, create_engine, event, insert, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from ledger import chain
 from ledger.errors import (
     AmbiguousReceipt,
+    ChainBroken,
     DatabaseError,
     InputError,
     MalformedDigest,
@@ -49,8 +50,94 @@ _BODIES_BY_ID = select(ReceiptRow.id, ReceiptRow.seq, ReceiptRow.recorded_ns, Re
     ReceiptRow.id.in_(bindparam("ids", expanding=True))
 )
 _INSERT_RECEIPTS = insert(ReceiptRow)
+# Off SQLite (PostgreSQL) a batch learns its seqs from the insert itself (RETURNING), not from a second query.
+_INSERT_RECEIPTS_RETURNING = insert(ReceiptRow).returning(ReceiptRow.id, ReceiptRow.seq)
 _INSERT_PARENTS = insert(ParentRow)
 _INSERT_ARTIFACTS = insert(ArtifactRow)
+
+
+def _closure_stmt(up: bool) -> Select[ReceiptRow]:
+    """Receipt rows reachable from the one with id ``:rid`` over parent edges (up) or child edges (down)."""
+    start = select(ReceiptRow.seq.label("seq")).where(ReceiptRow.id == bindparam("rid")).cte("closure", recursive=True)
+    if up:
+        step = select(ParentRow.parent_seq).join(start, ParentRow.child_seq == start.c.seq)
+    else:  # walks ix_receipt_parents_parent_seq
+        step = select(ParentRow.child_seq).join(start, ParentRow.parent_seq == start.c.seq)
+    closure = start.union(step)
+    return select(ReceiptRow).join(closure, ReceiptRow.seq == closure.c.seq).order_by(ReceiptRow.seq)
+
+
+_ANCESTORS = _closure_stmt(up=True)
+_DESCENDANTS = _closure_stmt(up=False)
+# The verifier's index rows. The parent's id comes from a join (an outer one: a deleted parent row must show up).
+_EDGES_BY_CHILD = (
+    select(ParentRow.child_seq, ParentRow.parent_seq, ReceiptRow.id)
+    .outerjoin(ReceiptRow, ReceiptRow.seq == ParentRow.parent_seq)
+    .where(ParentRow.child_seq.in_(bindparam("seqs", expanding=True)))
+)
+_ARTIFACTS_BY_RECEIPT = select(ArtifactRow.receipt_seq, ArtifactRow.name, ArtifactRow.digest).where(
+    ArtifactRow.receipt_seq.in_(bindparam("seqs", expanding=True))
+)
+
+
+# The columns _insert fills, in the order of its tuples (seq is assigned by the database or by _insert).
+_RECEIPT_COLUMNS = ("id", "kind", "run", "rank", "step", "prepared", "selection", "body", "recorded_ns")
+_PARENT_COLUMNS = ("child_seq", "parent_seq")
+_ARTIFACT_COLUMNS = ("receipt_seq", "name", "digest")
+
+
+def _sqlite_insert(table: str, columns: Sequence[str]) -> str:
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+_SQLITE_TOP_SEQ = f"SELECT coalesce(max(seq), 0) FROM {ReceiptRow.__tablename__}"
+_SQLITE_INSERT_RECEIPTS = _sqlite_insert(ReceiptRow.__tablename__, ("seq", *_RECEIPT_COLUMNS))
+_SQLITE_INSERT_PARENTS = _sqlite_insert(ParentRow.__tablename__, _PARENT_COLUMNS)
+_SQLITE_INSERT_ARTIFACTS = _sqlite_insert(ArtifactRow.__tablename__, _ARTIFACT_COLUMNS)
+
+
+def _insert(conn: Connection, new: list[Receipt], now: int, seq_of: dict[str, int]) -> dict[str, int]:
+    """Insert new receipts (parents before children) and their edge and artifact rows; returns ``id -> seq``.
+
+    ``seq_of`` maps every stored parent of ``new`` to its seq (the new seqs are added to it). Edge and artifact
+    rows are keyed by seq (ledger/models.py), so the new receipts' seqs must be known before those rows are written.
+
+    On SQLite the rows go in as plain tuples through the driver's executemany (SQLAlchemy's per-row parameter
+    handling cost more than SQLite's own work, benchmarks/README.md), and the seqs are assigned here: the writer
+    holds the write lock from its first statement (BEGIN IMMEDIATE), so max(seq) cannot move under it. Were the
+    lock ever missing, a clash would be an IntegrityError or a busy snapshot, both retried by append_many.
+    Elsewhere (PostgreSQL) the database's sequence assigns them and the insert returns them.
+    """
+    sqlite = conn.dialect.name == "sqlite"
+    if sqlite:
+        top = conn.exec_driver_sql(_SQLITE_TOP_SEQ).scalar_one()
+        rows = [(top + i, r.id, r.kind, r.run, r.rank, r.step, r.prepared, r.selection, r.body, now)
+                for i, r in enumerate(new, start=1)]
+        conn.exec_driver_sql(_SQLITE_INSERT_RECEIPTS, rows)
+        new_seqs = {row[1]: row[0] for row in rows}
+    else:
+        values = [dict(zip(_RECEIPT_COLUMNS, (r.id, r.kind, r.run, r.rank, r.step, r.prepared, r.selection, r.body,
+                                              now), strict=True)) for r in new]
+        if len(values) == 1:  # the common single append: its seq comes back with the insert
+            key = conn.execute(_INSERT_RECEIPTS, values[0]).inserted_primary_key
+            assert key is not None  # SQLAlchemy reports the key of a single-row insert on every backend
+            new_seqs = {new[0].id: key[0]}
+        else:
+            new_seqs = {rid: seq for rid, seq in conn.execute(_INSERT_RECEIPTS_RETURNING, values)}
+    seq_of.update(new_seqs)
+    edges = [(new_seqs[r.id], seq_of[p]) for r in new for p in r.parents]
+    arts = [(new_seqs[r.id], name, digest) for r in new for name, digest in r.artifacts.items()]
+    for sql, stmt, columns, index_rows in (
+        (_SQLITE_INSERT_PARENTS, _INSERT_PARENTS, _PARENT_COLUMNS, edges),
+        (_SQLITE_INSERT_ARTIFACTS, _INSERT_ARTIFACTS, _ARTIFACT_COLUMNS, arts),
+    ):
+        if not index_rows:
+            continue
+        if sqlite:
+            conn.exec_driver_sql(sql, index_rows)
+        else:
+            conn.execute(stmt, [dict(zip(columns, row, strict=True)) for row in index_rows])
+    return new_seqs
 
 
 def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
@@ -102,19 +189,28 @@ def schema_revision(engine: Engine) -> str | None:
     return row[0] if row else None
 
 
+def missing_parent(seq: int) -> str:
+    """What :class:`ParentEdge` holds for a parent seq that has no receipt row (never a well-formed id)."""
+    return f"<no receipt at seq {seq}>"
+
+
 class ParentEdge(NamedTuple):
-    """A ``receipt_parents`` row as stored: ``child`` cites ``parent``."""
+    """A ``receipt_parents`` row as stored, its seqs turned into ids: ``child`` cites ``parent``."""
 
     child: str
     parent: str
 
 
 class ArtifactRef(NamedTuple):
-    """A ``receipt_artifacts`` row as stored."""
+    """A ``receipt_artifacts`` row as stored, its seq turned into the receipt's id."""
 
     receipt: str
     name: str
     digest: str
+
+
+class _Unsure(Exception):
+    """An optimistic append (Store.append_many) met something only a careful one can decide; rolls it back."""
 
 
 @dataclass(frozen=True)
@@ -186,36 +282,45 @@ class Store:
 
         With ``check`` the chain rules run against the parents before anything is written.
         """
+        # First assume none of the given receipts is stored yet, the usual case: that saves looking each one up
+        # in the id index (a tenth of a batched append's time). Whatever that assumption could get wrong (an id
+        # already stored makes the insert fail; a parent given later or a failed chain rule might be about a
+        # stored receipt) rolls back and is decided again with every given id looked up.
+        try:
+            return self._append_retrying(receipts, check, careful=False)
+        except (_Unsure, IntegrityError):
+            return self._append_retrying(receipts, check, careful=True)
+
+    def _append_retrying(self, receipts: Sequence[Receipt], check: bool, careful: bool) -> list[Stored]:
         for attempt in range(8):
             try:
-                return self._append_many(receipts, check)
+                return self._append_many(receipts, check, careful)
             except IntegrityError:
-                # Another writer stored one of these ids between our read and insert (only possible on
+                # Careful: another writer stored one of these ids between our read and insert (only possible on
                 # databases without BEGIN IMMEDIATE); retry: the existing rows make it a no-op.
-                if attempt == 7:
+                if not careful or attempt == 7:
                     raise
             except OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or attempt == 7:
                     raise
                 time.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _append_many(self, receipts: Sequence[Receipt], check: bool) -> list[Stored]:
+    def _append_many(self, receipts: Sequence[Receipt], check: bool, careful: bool) -> list[Stored]:
         # Core statements on one connection, not ORM objects: the append path is the ledger's hot loop, and ORM
         # unit-of-work and row instances cost more than the SQL itself (benchmarks/README.md).
         now = time.time_ns()
         with self._writer.begin() as conn:
             given = {r.id: r for r in receipts}
-            # One query finds which given receipts are stored already and fetches the stored parents (their
-            # bodies only when the chain rules will read them).
-            found = self._lookup(conn, given.keys() | {p for r in receipts for p in r.parents}, with_body=check)
+            # One query fetches the stored parents (their bodies only when the chain rules will read them) and,
+            # when careful, finds which given receipts are stored already.
+            cited = {p for r in receipts for p in r.parents}
+            ids = cited | given.keys() if careful else cited - given.keys()
+            found = self._lookup(conn, ids, with_body=check)
             stored = {rid: (seq, ns) for rid, (seq, ns, _) in found.items() if rid in given}
-            outside_bodies = {rid: body for rid, (_, _, body) in found.items() if rid not in given}
+            outside = {rid: (seq, body) for rid, (seq, _, body) in found.items() if rid not in given}
             parsed: dict[str, Receipt] = {}  # each stored parent parsed once, however many receipts cite it
             batch: dict[str, Receipt] = {}
-            new_rows: list[dict[str, Any]] = []
-            edges: list[dict[str, str]] = []
-            arts: list[dict[str, str]] = []
             for r in receipts:
                 if r.id in stored or r.id in batch:
                     continue
@@ -224,56 +329,31 @@ class Store:
                 for p in r.parents:
                     if p in batch or p in stored:  # earlier in this call, or given here and already stored
                         parents[p] = given[p]
-                    elif p in outside_bodies:
+                    elif p in outside:
                         if check:
                             if p not in parsed:
-                                parsed[p] = Receipt.from_bytes(outside_bodies[p])
+                                parsed[p] = Receipt.from_bytes(outside[p][1])
                             parents[p] = parsed[p]
+                    elif p in given and not careful:  # given later: unless it is stored already, it comes too late
+                        raise _Unsure
                     else:  # absent, or given later in this call: a parent must come first
                         missing.append(p)
                 if missing:
                     raise MissingParents(r.id, sorted(missing))
                 if check:
-                    chain.check_receipt(r, parents)
+                    try:
+                        chain.check_receipt(r, parents)
+                    except ChainBroken:
+                        if not careful:  # a stored receipt is not checked again: find out whether r is one
+                            raise _Unsure from None
+                        raise
                 batch[r.id] = r
-                new_rows.append(
-                    {
-                        "id": r.id,
-                        "kind": r.kind,
-                        "run": r.run,
-                        "rank": r.rank,
-                        "step": r.step,
-                        "prepared": r.prepared,
-                        "selection": r.selection,
-                        "body": r.body,
-                        "recorded_ns": now,
-                    }
-                )
-                edges.extend({"child": r.id, "parent": p} for p in r.parents)
-                arts.extend({"receipt": r.id, "name": k, "digest": v} for k, v in r.artifacts.items())
-            if len(new_rows) == 1:  # the common single append: its seq comes back with the insert
-                key = conn.execute(_INSERT_RECEIPTS, new_rows[0]).inserted_primary_key
-                assert key is not None  # SQLAlchemy reports the key of a single-row insert on every backend
-                stored[new_rows[0]["id"]] = (key[0], now)
-            elif new_rows:
-                conn.execute(_INSERT_RECEIPTS, new_rows)
-            if edges:
-                conn.execute(_INSERT_PARENTS, edges)
-            if arts:
-                conn.execute(_INSERT_ARTIFACTS, arts)
-            if len(new_rows) > 1:
-                stored.update(self._seqs(conn, batch))
+            if batch:
+                seq_of = {rid: seq for rid, (seq, _) in outside.items()}
+                seq_of.update((rid, seq) for rid, (seq, _) in stored.items())
+                new_seqs = _insert(conn, list(batch.values()), now, seq_of)
+                stored.update((rid, (seq, now)) for rid, seq in new_seqs.items())
             return [Stored(r, *stored[r.id]) for r in receipts]
-
-    @staticmethod
-    def _seqs(conn: Connection, ids: Iterable[str]) -> dict[str, tuple[int, int]]:
-        """``id -> (seq, recorded_ns)`` for those of ``ids`` that are stored."""
-        out: dict[str, tuple[int, int]] = {}
-        listed = sorted(ids)
-        for i in range(0, len(listed), _CHUNK):
-            rows = conn.execute(_SEQS_BY_ID, {"ids": listed[i : i + _CHUNK]})
-            out.update((rid, (seq, ns)) for rid, seq, ns in rows)
-        return out
 
     @staticmethod
     def _lookup(conn: Connection, ids: Iterable[str], *, with_body: bool) -> dict[str, tuple[int, int, bytes]]:
@@ -379,16 +459,9 @@ class Store:
             return int(session.scalar(text("SELECT count(*) FROM receipts")) or 0)
 
     def _closure(self, rid: str, up: bool) -> list[ReceiptRow]:
-        """Ancestors (up) or descendants of ``rid``, itself included, in one recursive query."""
-        start = select(ReceiptRow.id.label("rid")).where(ReceiptRow.id == rid).cte("closure", recursive=True)
-        if up:
-            step = select(ParentRow.parent).join(start, ParentRow.child == start.c.rid)
-        else:
-            step = select(ParentRow.child).join(start, ParentRow.parent == start.c.rid)
-        closure = start.union(step)
-        stmt = select(ReceiptRow).join(closure, ReceiptRow.id == closure.c.rid).order_by(ReceiptRow.seq)
+        """Ancestors (up) or descendants of ``rid``, itself included, in one recursive query over seqs."""
         with Session(self.engine) as session:
-            rows = list(session.scalars(stmt))
+            rows = list(session.scalars(_ANCESTORS if up else _DESCENDANTS, {"rid": rid}))
             session.expunge_all()
             return rows
 
@@ -405,28 +478,33 @@ class Store:
     def raw_closure(self, rid: str) -> tuple[list[ReceiptRow], list[ParentEdge], list[ArtifactRef]]:
         """Rows of a receipt's ancestry exactly as stored (nothing parsed), for the verifier to re-check."""
         rows = self._closure(rid, True)
-        return (rows, *self._index_rows([r.id for r in rows]))
+        return (rows, *self._index_rows(rows))
 
     def raw_rows(self, ids: Iterable[str]) -> tuple[list[ReceiptRow], list[ParentEdge], list[ArtifactRef]]:
-        ids = sorted(set(ids))
+        """The rows of these receipts (those stored) and their index rows, exactly as stored."""
         with Session(self.engine) as session:
             rows = list(self._rows_by_id(session, set(ids)).values())
             session.expunge_all()
-        return (rows, *self._index_rows(ids))
+        return (rows, *self._index_rows(rows))
 
-    def _index_rows(self, ids: list[str]) -> tuple[list[ParentEdge], list[ArtifactRef]]:
+    def _index_rows(self, rows: list[ReceiptRow]) -> tuple[list[ParentEdge], list[ArtifactRef]]:
+        """The edge and artifact rows of ``rows``, their seqs turned back into receipt ids.
+
+        A parent seq with no receipt row (a row deleted behind the library's back) comes back as
+        :func:`missing_parent` so that the verifier sees the edge and reports it.
+        """
         # Plain column tuples, not ORM instances: a 1,000-deep verify reads thousands of these (benchmarks/README.md)
+        id_of = {r.seq: r.id for r in rows}
+        seqs = sorted(id_of)
         edges: list[ParentEdge] = []
         arts: list[ArtifactRef] = []
         with self.engine.connect() as conn:
-            for i in range(0, len(ids), _CHUNK):
-                chunk = ids[i : i + _CHUNK]
-                stmt = select(ParentRow.child, ParentRow.parent).where(ParentRow.child.in_(chunk))
-                edges.extend(ParentEdge(*row) for row in conn.execute(stmt))
-                stmt_a = select(ArtifactRow.receipt, ArtifactRow.name, ArtifactRow.digest).where(
-                    ArtifactRow.receipt.in_(chunk)
-                )
-                arts.extend(ArtifactRef(*row) for row in conn.execute(stmt_a))
+            for i in range(0, len(seqs), _CHUNK):
+                chunk = {"seqs": seqs[i : i + _CHUNK]}
+                edges.extend(ParentEdge(id_of[child], parent if parent is not None else missing_parent(pseq))
+                             for child, pseq, parent in conn.execute(_EDGES_BY_CHILD, chunk))
+                arts.extend(ArtifactRef(id_of[rseq], name, digest)
+                            for rseq, name, digest in conn.execute(_ARTIFACTS_BY_RECEIPT, chunk))
         return edges, arts
 
     def iter_rows(self, batch: int = 5000) -> Iterator[ReceiptRow]:

@@ -104,7 +104,7 @@ def check_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef])
         if getattr(row, name) != getattr(receipt, name):
             raise RecordMismatch(row.id, name, expected=getattr(receipt, name), actual=getattr(row, name))
     stored_parents = sorted(e.parent for e in edges)
-    if stored_parents != list(receipt.parents):
+    if stored_parents != list(receipt.parents) and not _deleted_parents_only(stored_parents, receipt.parents):
         raise RecordMismatch(row.id, "parents", expected=list(receipt.parents), actual=stored_parents)
     stored_arts = {a.name: a.digest for a in arts}
     for name in sorted(set(stored_arts) | set(receipt.artifacts)):
@@ -114,10 +114,19 @@ def check_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef])
     return receipt
 
 
+def _deleted_parents_only(stored: list[str], named: tuple[str, ...]) -> bool:
+    """The edges match the body except where an edge's parent row is gone (store.missing_parent). Whether the
+    receipts the body names there are really absent (a broken chain) or stored elsewhere (a re-pointed edge) is
+    decided by load_verified_closure, which can look them up."""
+    resolved = [p for p in stored if digests.is_digest(p)]
+    return len(resolved) < len(stored) == len(named) and set(resolved) <= set(named)
+
+
 def load_verified_closure(store: Store, rid: str) -> dict[str, Receipt]:
     """Ancestry of ``rid`` with every row integrity-checked; follows the bodies' parents, not only the edges."""
     rows, edges, arts = store.raw_closure(rid)
     checked: dict[str, Receipt] = {}
+    dangling: dict[str, list[str]] = {}  # child -> its stored parents, where one of them has no row
     while rows:
         by_child: dict[str, list[ParentEdge]] = {}
         for e in edges:
@@ -126,7 +135,11 @@ def load_verified_closure(store: Store, rid: str) -> dict[str, Receipt]:
         for a in arts:
             by_receipt.setdefault(a.receipt, []).append(a)
         for row in sorted(rows, key=lambda r: r.seq):
-            checked[row.id] = check_row(row, by_child.get(row.id, []), by_receipt.get(row.id, []))
+            mine = by_child.get(row.id, [])
+            receipt = checked[row.id] = check_row(row, mine, by_receipt.get(row.id, []))
+            stored_parents = sorted(e.parent for e in mine)
+            if stored_parents != list(receipt.parents):  # check_row let it through: see _deleted_parents_only
+                dangling[row.id] = stored_parents
         # Parents named by a body but absent from the edge closure (the edge rows were tampered with) are
         # caught by check_row; this fetches anything else still missing so the chain check sees it.
         wanted = {p for r in checked.values() for p in r.parents} - set(checked)
@@ -136,6 +149,11 @@ def load_verified_closure(store: Store, rid: str) -> dict[str, Receipt]:
             child = next(r for r in checked.values() if set(r.parents) & (wanted - found))
             raise chain.ChainBroken(child.id, f"parent {sorted(wanted - found)[0]} is not in the ledger",
                                     field="parents")
+    # An edge to a deleted row stood for a parent that turned out to be stored: the edge was re-pointed.
+    for cid, stored_parents in dangling.items():
+        named = list(checked[cid].parents)
+        if (set(named) - set(stored_parents)) & checked.keys():
+            raise RecordMismatch(cid, "parents", expected=named, actual=stored_parents)
     return checked
 
 

@@ -148,7 +148,7 @@ def test_four_processes_append_into_one_sqlite_file(tmp_path: Path) -> None:
         per_run = dict(con.execute("SELECT run, count(DISTINCT step) FROM receipts WHERE kind='note' GROUP BY run"))
         assert per_run == {_run(w): PER_WRITER for w in range(WRITERS)}
         dangling = con.execute(
-            "SELECT count(*) FROM receipt_parents e LEFT JOIN receipts r ON r.id = e.parent WHERE r.id IS NULL"
+            "SELECT count(*) FROM receipt_parents e LEFT JOIN receipts r ON r.seq = e.parent_seq WHERE r.seq IS NULL"
         ).fetchone()
         assert dangling == (0,)
         edges = con.execute("SELECT count(*) FROM receipt_parents").fetchone()[0]
@@ -156,8 +156,7 @@ def test_four_processes_append_into_one_sqlite_file(tmp_path: Path) -> None:
         assert edges == WRITERS * PER_WRITER + cited  # one edge to the previous receipt, plus each cross-citation
         # A parent is always stored before its child: the append order respects the DAG.
         late = con.execute(
-            "SELECT count(*) FROM receipt_parents e JOIN receipts c ON c.id = e.child "
-            "JOIN receipts p ON p.id = e.parent WHERE p.seq >= c.seq"
+            "SELECT count(*) FROM receipt_parents WHERE parent_seq >= child_seq"
         ).fetchone()
         assert late == (0,)
     finally:

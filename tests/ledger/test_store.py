@@ -170,6 +170,25 @@ def test_child_before_its_parent_in_a_batch_is_refused(store: Store) -> None:
     assert store.count() == 0
 
 
+def test_a_batch_may_hold_stored_receipts_in_any_order(store: Store, ledger_db: Path, make_chain: MakeChain) -> None:
+    """append_many first assumes no given receipt is stored; a stored one (cited before it comes, failing a chain
+    rule it was stored without, or just repeated) must still be a no-op and get its own seq back."""
+    a, c = note(1), make_chain()
+    first = store.append(a)
+    b = note(2, parents=[a])
+    out = store.append_many([b, a])  # b cites a, which comes later in the batch but is stored already
+    assert [s.seq for s in out] == [first.seq + 1, first.seq] and out[1].recorded_ns == first.recorded_ns
+    store.append_many(c.receipts()[:4])
+    bad = make_receipt("checkpoint", run="run-a", rank=0, step=1, prepared=c.prepared, parents=[c.train_start])
+    kept = store.append(bad, check=False)  # breaks a chain rule (no artifacts.state): stored without checks
+    child = note(3, parents=[bad], prepared=c.prepared)
+    out = store.append_many([bad, child, b])  # with checks: the stored bad is not checked again
+    assert [s.seq for s in out] == [kept.seq, kept.seq + 1, first.seq + 1]
+    everything = [a, b, *c.receipts()[:4], bad, child]
+    assert raw_count(ledger_db) == len(everything)
+    assert raw_count(ledger_db, "receipt_parents") == sum(len(r.parents) for r in everything)
+
+
 def test_append_checks_chain_rules_unless_told_not_to(store: Store, make_chain: MakeChain) -> None:
     c = make_chain()
     store.append_many(c.receipts()[:4])

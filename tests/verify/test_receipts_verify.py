@@ -21,8 +21,8 @@ from ledger.artifacts import ArtifactStore, default_root
 from ledger.chain import prepared_digest
 from ledger.cli import app
 from ledger.errors import ChainBroken, DigestMismatch, MissingArtifact, RecordMismatch, VerificationError
-from ledger.receipts import make_receipt
-from ledger.store import Store
+from ledger.receipts import Receipt, make_receipt
+from ledger.store import Store, missing_parent
 from tests.conftest import ReceiptChain
 from verify.receipts import verify_receipt
 
@@ -50,6 +50,24 @@ def sql(db: Path, statement: str, *params: Any) -> int:
     finally:
         conn.close()
     return changed
+
+
+SEQ = "(SELECT seq FROM receipts WHERE id = ?)"  # edge and artifact rows are keyed by receipts.seq
+
+
+def seq_of(db: Path, rid: str) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return int(conn.execute(SEQ.strip("()"), (rid,)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def forge_train_start(c: ReceiptChain) -> Receipt:
+    """A valid train-start that differs from ``c.train_start`` only in a measurement (a different id)."""
+    old = c.train_start
+    return make_receipt("train-start", run=old.run, rank=old.rank, step=old.step, prepared=old.prepared,
+                        parents=list(old.parents), measurements={"world": 4})
 
 
 def library_error(db: Path, ref: str) -> VerificationError:
@@ -99,32 +117,55 @@ def test_body_edited_with_sql_replace(chain_db: tuple[Path, ReceiptChain]) -> No
 
 
 def test_consistent_rewrite_of_an_ancestor_is_caught_at_its_child(chain_db: tuple[Path, ReceiptChain]) -> None:
-    # Replace train-start's body AND id: the row checks out alone, but its child's body names the old id.
+    # Replace train-start's body AND id in place: the row checks out alone, and the child's edge (keyed by seq)
+    # now leads to the forged id, but the child's body names the old one.
     db, c = chain_db
     old = c.train_start
-    forged = make_receipt("train-start", run=old.run, rank=old.rank, step=old.step, prepared=old.prepared,
-                          parents=list(old.parents), measurements={"world": 4})
-    sql(db, "PRAGMA foreign_keys = OFF")
+    forged = forge_train_start(c)
     assert sql(db, "UPDATE receipts SET id = ?, body = ? WHERE id = ?", forged.id, forged.body, old.id) == 1
-    sql(db, "UPDATE receipt_parents SET child = ? WHERE child = ?", forged.id, old.id)
     child = c.checkpoints[0]
     line = failed_line(verify_cli(db, c.eval.id))
-    assert child.id in line and "parent" in line
+    assert child.id in line and "parents" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, RecordMismatch) and err.receipt == child.id and err.field == "parents"
+    assert err.expected == [old.id] and err.actual == [forged.id]
+
+
+def test_forged_ancestor_in_a_new_row_is_caught_at_its_child(chain_db: tuple[Path, ReceiptChain]) -> None:
+    # Delete train-start's row, append the forged receipt as a new row and move train-start's own edges to it:
+    # the child's edge leads to no row, and its body names a receipt the ledger no longer holds.
+    db, c = chain_db
+    old = c.train_start
+    forged = forge_train_start(c)
+    old_seq = seq_of(db, old.id)
+    assert sql(db, "DELETE FROM receipts WHERE id = ?", old.id) == 1
+    sql(db, "INSERT INTO receipts (id, kind, run, rank, step, prepared, selection, body, recorded_ns) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)", forged.id, forged.kind, forged.run, forged.rank, forged.step,
+        forged.prepared, forged.selection, forged.body)
+    new_seq = seq_of(db, forged.id)
+    assert sql(db, "UPDATE receipt_parents SET child_seq = ? WHERE child_seq = ?", new_seq, old_seq) == 1
+    child = c.checkpoints[0]
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert child.id in line and old.id in line and "parent" in line
     err = library_error(db, c.eval.id)
     assert isinstance(err, ChainBroken) and err.receipt == child.id and err.field == "parents"
-    # Re-pointing the child's edge too only moves the mismatch to the child's parent list.
-    sql(db, "UPDATE receipt_parents SET parent = ? WHERE parent = ?", forged.id, old.id)
+    # Re-pointing the child's edge at the forged row too only moves the mismatch to the child's parent list.
+    assert sql(db, "UPDATE receipt_parents SET parent_seq = ? WHERE parent_seq = ?", new_seq, old_seq) == 1
     line = failed_line(verify_cli(db, c.eval.id))
     assert child.id in line and "parents" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, RecordMismatch) and err.receipt == child.id and err.field == "parents"
+    assert err.expected == [old.id] and err.actual == [forged.id]
 
 
 # ------------------------------------------------------------------------------------------------- edges
+# Edge and artifact rows are keyed by receipts.seq (docs/receipts.md, Storage); SEQ finds a receipt's seq by id.
 
 
 def test_edge_pointed_at_another_receipt(chain_db: tuple[Path, ReceiptChain]) -> None:
     db, c = chain_db
     child = c.checkpoints[0]
-    changed = sql(db, "UPDATE receipt_parents SET parent = ? WHERE child = ? AND parent = ?",
+    changed = sql(db, f"UPDATE receipt_parents SET parent_seq = {SEQ} WHERE child_seq = {SEQ} AND parent_seq = {SEQ}",
                   c.contract.id, child.id, c.train_start.id)
     assert changed == 1
     line = failed_line(verify_cli(db, c.eval.id))
@@ -134,12 +175,25 @@ def test_edge_pointed_at_another_receipt(chain_db: tuple[Path, ReceiptChain]) ->
     assert err.expected == [c.train_start.id] and err.actual == [c.contract.id]
 
 
+def test_edge_pointed_at_no_row(chain_db: tuple[Path, ReceiptChain]) -> None:
+    # The parent the body names is still stored, but the edge leads nowhere: an index row that lies.
+    db, c = chain_db
+    child = c.checkpoints[0]
+    assert sql(db, f"UPDATE receipt_parents SET parent_seq = 999999 WHERE child_seq = {SEQ}", child.id) == 1
+    line = failed_line(verify_cli(db, c.eval.id))
+    assert child.id in line and "parents" in line and "999999" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, RecordMismatch) and err.receipt == child.id and err.field == "parents"
+    assert err.expected == [c.train_start.id] and err.actual == [missing_parent(999999)]
+
+
 @pytest.mark.parametrize("which", ["train_end", "eval"])
 def test_deleted_edge(chain_db: tuple[Path, ReceiptChain], which: str) -> None:
     db, c = chain_db
     child = getattr(c, which)
     victim_parent = child.parents[0]
-    assert sql(db, "DELETE FROM receipt_parents WHERE child = ? AND parent = ?", child.id, victim_parent) == 1
+    assert sql(db, f"DELETE FROM receipt_parents WHERE child_seq = {SEQ} AND parent_seq = {SEQ}", child.id,
+               victim_parent) == 1
     line = failed_line(verify_cli(db, c.eval.id))
     assert child.id in line and "parents" in line
     err = library_error(db, c.eval.id)
@@ -148,9 +202,13 @@ def test_deleted_edge(chain_db: tuple[Path, ReceiptChain], which: str) -> None:
 
 def test_added_edge(chain_db: tuple[Path, ReceiptChain]) -> None:
     db, c = chain_db
-    sql(db, "INSERT INTO receipt_parents (child, parent) VALUES (?, ?)", c.train_end.id, c.contract.id)
+    assert sql(db, f"INSERT INTO receipt_parents (child_seq, parent_seq) VALUES ({SEQ}, {SEQ})", c.train_end.id,
+               c.contract.id) == 1
     line = failed_line(verify_cli(db, c.eval.id))
     assert c.train_end.id in line and "parents" in line
+    err = library_error(db, c.eval.id)
+    assert isinstance(err, RecordMismatch) and err.receipt == c.train_end.id and err.field == "parents"
+    assert err.actual == sorted([*c.train_end.parents, c.contract.id])
 
 
 def test_deleted_ancestor_row(chain_db: tuple[Path, ReceiptChain]) -> None:
@@ -170,7 +228,7 @@ def test_one_hex_char_of_an_artifact_digest(chain_db: tuple[Path, ReceiptChain])
     victim = c.checkpoints[1]
     good = victim.artifacts["state"]
     bad = good[:-1] + ("0" if good[-1] != "0" else "1")
-    assert sql(db, "UPDATE receipt_artifacts SET digest = ? WHERE receipt = ? AND name = 'state'", bad,
+    assert sql(db, f"UPDATE receipt_artifacts SET digest = ? WHERE receipt_seq = {SEQ} AND name = 'state'", bad,
                victim.id) == 1
     line = failed_line(verify_cli(db, c.eval.id))
     assert victim.id in line and "artifacts.state" in line
@@ -181,12 +239,12 @@ def test_one_hex_char_of_an_artifact_digest(chain_db: tuple[Path, ReceiptChain])
 
 def test_deleted_and_added_artifact_rows(chain_db: tuple[Path, ReceiptChain]) -> None:
     db, c = chain_db
-    assert sql(db, "DELETE FROM receipt_artifacts WHERE receipt = ? AND name = 'outcomes'", c.eval.id) == 1
+    assert sql(db, f"DELETE FROM receipt_artifacts WHERE receipt_seq = {SEQ} AND name = 'outcomes'", c.eval.id) == 1
     line = failed_line(verify_cli(db, c.eval.id))
     assert c.eval.id in line and "artifacts.outcomes" in line
-    sql(db, "INSERT INTO receipt_artifacts (receipt, name, digest) VALUES (?, 'outcomes', ?)", c.eval.id,
+    sql(db, f"INSERT INTO receipt_artifacts (receipt_seq, name, digest) VALUES ({SEQ}, 'outcomes', ?)", c.eval.id,
         c.eval.artifacts["outcomes"])
-    sql(db, "INSERT INTO receipt_artifacts (receipt, name, digest) VALUES (?, 'extra', ?)", c.train_end.id,
+    sql(db, f"INSERT INTO receipt_artifacts (receipt_seq, name, digest) VALUES ({SEQ}, 'extra', ?)", c.train_end.id,
         c.eval.artifacts["outcomes"])
     line = failed_line(verify_cli(db, c.eval.id))
     assert c.train_end.id in line and "artifacts.extra" in line
