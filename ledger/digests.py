@@ -98,7 +98,8 @@ def _reject_constant(token: str) -> Any:
     raise NonCanonical(f"{token} is not allowed")
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A ``json.loads`` object hook: an object with a key twice is an error, not a silent last-one-wins."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
@@ -122,7 +123,7 @@ def parse_canonical(data: bytes) -> Any:
         raise NonCanonical(f"not UTF-8 at byte {exc.start}") from exc
     try:
         value = json.loads(
-            text, object_pairs_hook=_pairs, parse_constant=_reject_constant, parse_float=_parse_float
+            text, object_pairs_hook=reject_duplicate_keys, parse_constant=_reject_constant, parse_float=_parse_float
         )
     except json.JSONDecodeError as exc:
         raise NonCanonical(f"not JSON: {exc.msg} at char {exc.pos}") from exc

@@ -107,15 +107,6 @@ def _refuse_pickle(path: Path, kind: str) -> UnsafeFile:
     return UnsafeFile(str(path), f"is a pickle/torch file; refusing to read it ({what})")
 
 
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -163,8 +154,8 @@ class SafetensorsFile:
 
     def _parse_header(self, raw: bytes) -> tuple[dict[str, str], dict[str, TensorEntry]]:
         try:
-            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_pairs)
-        except (UnicodeDecodeError, ValueError) as exc:
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=digests.reject_duplicate_keys)
+        except (UnicodeDecodeError, ValueError, NonCanonical) as exc:
             raise self._bad(f"header is not JSON: {exc}") from exc
         if not isinstance(header, dict):
             raise self._bad("header is not a JSON object")
