@@ -33,30 +33,9 @@ from runners.train import train_arm
 TARGET_DETECT_SECONDS = 60.0
 ARM = "diloco-four"
 
-# The small config: a 1-layer transformer, 8 steps of a global batch of 8, checkpoints every 4 steps, an outer
+# examples/tiny.toml: a 1-layer transformer, 8 steps of a global batch of 8, checkpoints every 4 steps, an outer
 # DiLoCo step every 2 (the same one the recovery tests use).
-SMALL = """\
-[data]
-train_per_variant = 32
-eval_per_variant = 2
-retention_probes = 8
-[model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-max_len = 96
-[pretrain]
-steps = 5
-batch_size = 4
-seq_len = 32
-[train]
-steps = 8
-global_batch = 8
-checkpoint_every = 4
-[train.diloco]
-inner_steps = 2
-"""
+SMALL = (Path(__file__).resolve().parents[1] / "examples" / "tiny.toml").read_text()
 
 
 def one_round(workdir: Path, db: str, i: int, kill_after_step: int | None) -> dict[str, Any]:

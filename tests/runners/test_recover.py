@@ -30,28 +30,7 @@ from verify.state import compare_states, resolve_checkpoint
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 # A 4-rank DiLoCo arm of 8 steps (checkpoints at 4 and 8, an outer step every 2): about 15 s a group on 2 cores.
-TINY = """\
-[data]
-train_per_variant = 32
-eval_per_variant = 2
-retention_probes = 8
-[model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-max_len = 96
-[pretrain]
-steps = 5
-batch_size = 4
-seq_len = 32
-[train]
-steps = 8
-global_batch = 8
-checkpoint_every = 4
-[train.diloco]
-inner_steps = 2
-"""
+TINY = (Path(__file__).resolve().parents[2] / "examples" / "tiny.toml").read_text()
 WORLD = 4
 RESUME = 4  # the common checkpoint: the last step every rank completed before the kill
 

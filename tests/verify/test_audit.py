@@ -16,28 +16,7 @@ from ledger.store import Store
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-TINY = """
-[data]
-train_per_variant = 16
-eval_per_variant = 2
-retention_probes = 8
-[model]
-d_model = 32
-n_layers = 1
-n_heads = 2
-d_ff = 64
-max_len = 96
-[pretrain]
-steps = 4
-batch_size = 4
-seq_len = 32
-[train]
-steps = 4
-global_batch = 8
-checkpoint_every = 2
-[train.diloco]
-inner_steps = 2
-"""
+TINY = (Path(__file__).resolve().parents[2] / "examples" / "tiny.toml").read_text()
 
 runner = CliRunner()
 
