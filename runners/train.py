@@ -164,11 +164,13 @@ def unflat_into(buffer: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
 
 @dataclass
 class Diloco:
-    """The outer optimizer: SGD with Nesterov momentum over an outer copy of the parameters.
+    """The outer optimizer: SGD with (by default Nesterov) momentum over an outer copy of the parameters.
 
     With pseudo-gradient g (the rank-average of outer - local), momentum m and outer lr η:
-        buf <- m * buf + g ;  update <- g + m * buf ;  outer <- outer - η * update ;  local <- outer
-    which is torch.optim.SGD(momentum=m, nesterov=True, dampening=0) with a zero initial buffer.
+        buf <- m * buf + g ;  update <- g + m * buf (Nesterov) or buf ;  outer <- outer - η * update ;
+        local <- outer
+    which is torch.optim.SGD(momentum=m, nesterov=..., dampening=0) with a zero initial buffer, up to rounding
+    (torch fuses the multiply-adds; this form is the one a verifier recomputes).
     """
 
     names: list[str]
@@ -176,18 +178,19 @@ class Diloco:
     momentum: list[torch.Tensor]
     lr: float
     beta: float
+    nesterov: bool = True
     steps: int = 0
 
     @classmethod
-    def start(cls, model: torch.nn.Module, lr: float, beta: float) -> Diloco:
+    def start(cls, model: torch.nn.Module, lr: float, beta: float, nesterov: bool = True) -> Diloco:
         named = [(n, p) for n, p in model.named_parameters()]
         return cls([n for n, _ in named], [p.detach().clone() for _, p in named],
-                   [torch.zeros_like(p) for _, p in named], lr, beta)
+                   [torch.zeros_like(p) for _, p in named], lr, beta, nesterov)
 
     def state(self) -> OuterState:
         tensors = {f"outer.{n}": t for n, t in zip(self.names, self.outer, strict=True)}
         tensors.update({f"momentum.{n}": t for n, t in zip(self.names, self.momentum, strict=True)})
-        scalars = {"outer_lr": self.lr, "momentum": self.beta, "nesterov": True, "outer_steps": self.steps}
+        scalars = {"outer_lr": self.lr, "momentum": self.beta, "nesterov": self.nesterov, "outer_steps": self.steps}
         return OuterState(tensors=tensors, scalars=scalars)
 
     def load(self, state: OuterState) -> None:
@@ -208,7 +211,7 @@ class Diloco:
             g = pseudo[offset : offset + n].view_as(o)
             offset += n
             buf.mul_(self.beta).add_(g)
-            o.sub_(self.lr * (g + self.beta * buf))
+            o.sub_(self.lr * (g + self.beta * buf if self.nesterov else buf))
         for o, p in zip(self.outer, params, strict=True):
             p.copy_(o)
         self.steps += 1
@@ -312,7 +315,7 @@ def worker(argv: Sequence[str] | None = None) -> int:
     model.to(device)
     model.dropout_generator = rngs.torch  # dropout (if configured) draws from the rank's explicit generator
     optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
-    diloco = Diloco.start(model, tcfg.diloco.outer_lr, tcfg.diloco.outer_momentum) \
+    diloco = Diloco.start(model, tcfg.diloco.outer_lr, tcfg.diloco.outer_momentum, tcfg.diloco.nesterov) \
         if args.arm == "diloco-four" else None
     last_step = args.steps if args.steps is not None else tcfg.steps
     config_digest = prep.receipt.artifacts["config"]

@@ -404,3 +404,29 @@ def test_each_arm_learns_well_below_the_seed(learning: Experiment, arm: str) -> 
     assert math.isclose(first[0][0][1], _seed_losses(learning, arm, {0: first[0][:1]})[0], rel_tol=1e-5)
     assert last_loss < 0.5 * first_loss, (arm, first_loss, last_loss)
     assert last_loss < 0.5 * seed_last, (arm, seed_last, last_loss)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_diloco_outer_step_is_torch_sgd(nesterov: bool) -> None:
+    """The written-out outer step is torch.optim.SGD(momentum, nesterov, dampening 0) on the outer copy, over
+    several outer steps (world 1: the all-reduce is the identity). Equal up to rounding: torch fuses its
+    multiply-adds (add with alpha), ours rounds each product, so the last bits may differ."""
+    from runners.distributed import Comm
+    from runners.train import Diloco
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    reference = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+    sgd = torch.optim.SGD(reference, lr=0.7, momentum=0.5, nesterov=nesterov, dampening=0.0)
+    outer = Diloco.start(model, 0.7, 0.5, nesterov)
+    for _ in range(3):
+        with torch.no_grad():  # local inner steps moved the weights somewhere
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+        for r, p in zip(reference, model.parameters(), strict=True):
+            r.grad = (r.detach() - p.detach()).clone()
+        sgd.step()
+        outer.sync(model, Comm(world=1))
+        for r, p in zip(reference, model.parameters(), strict=True):
+            assert torch.allclose(r.detach(), p.detach(), rtol=0.0, atol=1e-6)
+    assert outer.state().scalars["nesterov"] is nesterov
