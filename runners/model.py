@@ -13,7 +13,8 @@ names (the model digest covers both) and ``load_state_dict`` re-fills the one sh
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -134,6 +135,32 @@ def param_count(model: nn.Module) -> int:
 # -------------------------------------------------------------------------------------------- generation
 
 
+@contextmanager
+def _eval_mode(model: CausalLM) -> Iterator[torch.device]:
+    """Run ``model`` in eval mode (restoring training mode after); yields the device its inputs go to."""
+    module = model if isinstance(model, nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
+    try:
+        yield next(module.parameters()).device if module is not None else torch.device("cpu")
+    finally:
+        if module is not None and was_training:
+            module.train()
+
+
+def _length_batches(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
+    """Indices batched by equal length (no padding, so a batched result equals the one-by-one result); the
+    grouping depends only on the lengths, so the same inputs always give the same batches."""
+    by_len: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        by_len.setdefault(n, []).append(i)
+    for length in sorted(by_len):
+        group = by_len[length]
+        for start in range(0, len(group), batch_size):
+            yield group[start : start + batch_size]
+
+
 @torch.no_grad()
 def greedy_generate(
     model: CausalLM,
@@ -149,20 +176,12 @@ def greedy_generate(
     alone would give; the grouping depends only on the prompts, so the same requests give the same bits. Ties in
     argmax go to the lowest id. A context longer than ``max_len`` keeps its last ``max_len`` tokens.
     """
-    if isinstance(model, nn.Module):
-        was_training = model.training
-        model.eval()
-    outputs: list[list[int]] = [[] for _ in prompts]
-    by_len: dict[int, list[int]] = {}
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise InputError(f"prompt {i} is empty (start it with BOS)")
-        by_len.setdefault(len(p), []).append(i)
-    device = next(model.parameters()).device if isinstance(model, nn.Module) else torch.device("cpu")
-    for length in sorted(by_len):
-        group = by_len[length]
-        for start in range(0, len(group), batch_size):
-            rows = group[start : start + batch_size]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    with _eval_mode(model) as device:
+        for rows in _length_batches([len(p) for p in prompts], batch_size):
             seq = torch.tensor([list(prompts[i]) for i in rows], dtype=torch.long, device=device)
             done = torch.zeros(len(rows), dtype=torch.bool, device=device)
             for _ in range(max_new_tokens):
@@ -175,8 +194,6 @@ def greedy_generate(
                 if bool(done.all()):
                     break
                 seq = torch.cat([seq, nxt[:, None]], dim=1)
-    if isinstance(model, nn.Module) and was_training:
-        model.train()
     return outputs
 
 
@@ -186,27 +203,17 @@ def sequence_nll(model: CausalLM, sequences: Sequence[Sequence[int]], *, batch_s
 
     Sequences are batched by length (no padding), like :func:`greedy_generate`.
     """
-    if isinstance(model, nn.Module):
-        was_training = model.training
-        model.eval()
-    out = [0.0] * len(sequences)
-    by_len: dict[int, list[int]] = {}
     for i, s in enumerate(sequences):
         if not 2 <= len(s) <= model.max_len + 1:
             raise InputError(f"sequence {i} has {len(s)} tokens; expected 2 to max_len + 1 ({model.max_len + 1})")
-        by_len.setdefault(len(s), []).append(i)
-    device = next(model.parameters()).device if isinstance(model, nn.Module) else torch.device("cpu")
-    for length in sorted(by_len):
-        group = by_len[length]
-        for start in range(0, len(group), batch_size):
-            rows = group[start : start + batch_size]
+    out = [0.0] * len(sequences)
+    with _eval_mode(model) as device:
+        for rows in _length_batches([len(s) for s in sequences], batch_size):
             ids = torch.tensor([list(sequences[i]) for i in rows], dtype=torch.long, device=device)
             logits = model(ids[:, :-1])
             nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").mean(dim=1)
             for j, i in enumerate(rows):
                 out[i] = float(nll[j])
-    if isinstance(model, nn.Module) and was_training:
-        model.train()
     return out
 
 

@@ -19,11 +19,19 @@ settings.register_profile("ledger", database=None)
 settings.load_profile("ledger")
 
 
+LEDGER_ENV = ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG")
+
+
+def clear_ledger_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's LEDGER_DB / LEDGER_ARTIFACTS / LEDGER_DEBUG must not leak into tests (module-scoped fixtures,
+    which run before the autouse one, call this with their own MonkeyPatch)."""
+    for name in LEDGER_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(autouse=True)
 def _hermetic_ledger_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A developer's LEDGER_DB / LEDGER_ARTIFACTS / LEDGER_DEBUG must not leak into tests."""
-    for name in ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG"):
-        monkeypatch.delenv(name, raising=False)
+    clear_ledger_env(monkeypatch)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from ledger.receipts import Receipt, make_receipt
 from ledger.state import SafetensorsFile
 from ledger.store import Store
 from runners.train import train_arm
+from tests.conftest import clear_ledger_env
 from verify.recovery import trajectory
 from verify.state import compare_states, resolve_checkpoint
 
@@ -77,8 +78,7 @@ class Recovery:
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Experiment]:
     with pytest.MonkeyPatch.context() as mp:  # module-scoped: the per-test hermetic env fixture runs too late
-        for name in ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG"):
-            mp.delenv(name, raising=False)
+        clear_ledger_env(mp)
         workdir = tmp_path_factory.mktemp("recover")
         config = workdir / "tiny.toml"
         config.write_text(TINY)

@@ -19,6 +19,7 @@ from ledger.receipts import Receipt, make_receipt
 from ledger.state import SafetensorsFile
 from ledger.store import Store
 from runners.replay import REPLAY_FORMAT, replay
+from tests.conftest import clear_ledger_env
 from tests.runners.test_recover import TINY, one_error_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -45,8 +46,7 @@ class Trained:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
     with pytest.MonkeyPatch.context() as mp:  # module-scoped: the per-test hermetic env fixture runs too late
-        for name in ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG"):
-            mp.delenv(name, raising=False)
+        clear_ledger_env(mp)
         workdir = tmp_path_factory.mktemp("replay")
         db = workdir / "ledger.db"
         (workdir / "tiny.toml").write_text(TINY)
