@@ -31,9 +31,10 @@ from typing import Any
 import torch
 
 from ledger.store import Store
-from runners.config import ExperimentConfig, config_from_dict
+from ledger.experiment.config import ExperimentConfig, config_from_dict
 from runners.prepare import pinned_threads, prepare
-from runners.train import ARMS, train_arm
+from ledger.experiment.config import ARMS
+from runners.train import train_arm
 
 TARGET_OVERHEAD = 1.03
 TARGET_RECORDING_SHARE = TARGET_OVERHEAD - 1  # the same target, timed inside the ranks
@@ -80,7 +81,7 @@ def run_once(workdir: Path, db: Path, arm: str, run: str, *, ledger: bool) -> tu
     log_dir = workdir / "logs" / name.replace("/", "_")
     if not result.ok:
         raise RuntimeError(f"{arm} run {run} failed: exit codes {result.returncodes}; see {log_dir}")
-    lines = rank_lines(log_dir, ARMS[arm])
+    lines = rank_lines(log_dir, ARMS[arm].world)
     assert all(ln["recorded"] == ledger for ln in lines)
     share = max(ln["ledger_seconds"] / ln["loop_seconds"] for ln in lines)
     return max(ln["loop_seconds"] for ln in lines), sum(ln["sent_bytes"] for ln in lines), result.seconds, share
@@ -90,7 +91,7 @@ def check_recorded(db: Path, arm: str, run: str, loop: float) -> None:
     """The ledger run's train-end receipts carry the same loop seconds the ranks printed."""
     with Store.open(db) as store:
         ends = [s.receipt for s in store.find(kind="train-end", run=run)]
-    if len(ends) != ARMS[arm] or max(e.measurements["loop_seconds"] for e in ends) != loop:
+    if len(ends) != ARMS[arm].world or max(e.measurements["loop_seconds"] for e in ends) != loop:
         raise RuntimeError(f"{arm} run {run}: train-end receipts disagree with the ranks' output")
 
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         passed = overhead < TARGET_OVERHEAD
         share_passed = min(r.recording) < TARGET_RECORDING_SHARE
         ok &= passed and share_passed
-        rows.append({"arm": arm, "world": ARMS[arm], "loop_seconds": best_l, "loop_seconds_no_ledger": best_n,
+        rows.append({"arm": arm, "world": ARMS[arm].world, "loop_seconds": best_l, "loop_seconds_no_ledger": best_n,
                      "steps_per_second": args.steps / best_l, "overhead": overhead, "overhead_pass": passed,
                      "recording_share": min(r.recording), "recording_pass": share_passed,
                      "launch_wall_seconds": min(r.wall),

@@ -10,11 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ledger import digests
+from ledger.errors import DigestMismatch, InputError, MissingArtifact
 
 ENV_ARTIFACTS = "LEDGER_ARTIFACTS"
 
@@ -124,6 +126,16 @@ class ArtifactStore:
         path = self.path_for(digest)
         return path.read_bytes() if path.exists() else None
 
+    def locate(self, digest: str, recorded: Iterable[str] = (), *, name: str | None = None,
+               directory: bool | None = None) -> Path:
+        """The first place the artifact is (content-addressed path first, then ``recorded`` locations), as a file
+        (``directory=False``), a directory (``True``) or either; raises MissingArtifact. Readers re-hash what they
+        read; verification re-hashes every candidate (see verify.receipts)."""
+        for path in self.candidates(digest, list(recorded)):
+            if path.is_dir() if directory else path.is_file() if directory is False else path.exists():
+                return path
+        raise MissingArtifact(digest, name, str(self.root))
+
     def candidates(self, digest: str, locations: list[str]) -> list[Path]:
         """Local places where the artifact may be, the content-addressed path first."""
         out = [self.path_for(digest)]
@@ -132,3 +144,54 @@ class ArtifactStore:
             if p is not None:
                 out.append(p)
         return out
+
+
+# ------------------------------------------------------------------------- canonical JSON and JSONL artifacts
+# A JSONL artifact is one canonical JSON value per line, each ending in ``\n``; reading re-checks that every line is
+# canonical and that the bytes hash to the digest asked for, so a reader never trusts a renamed file.
+
+
+def jsonl_bytes(records: Iterable[Any]) -> bytes:
+    """Canonical JSONL: each record's canonical bytes, then a newline."""
+    return b"".join(digests.canonical_bytes(r) + b"\n" for r in records)
+
+
+def parse_jsonl(data: bytes, *, source: str = "jsonl") -> list[Any]:
+    """Parse canonical JSONL bytes (every line canonical, final newline required)."""
+    if data and not data.endswith(b"\n"):
+        raise InputError(f"{source}: JSONL must end with a newline")
+    out: list[Any] = []
+    for n, line in enumerate(data.split(b"\n")[:-1], start=1):
+        try:
+            out.append(digests.parse_canonical(line))
+        except InputError as exc:
+            raise InputError(f"{source} line {n}: {exc.one_line()}") from exc
+    return out
+
+
+def put_json(store: ArtifactStore, value: Any) -> str:
+    """Store ``value`` as canonical JSON; returns the artifact digest."""
+    return store.put_bytes(digests.canonical_bytes(value))
+
+
+def put_jsonl(store: ArtifactStore, records: Iterable[Any]) -> str:
+    """Store records as canonical JSONL; returns the artifact digest."""
+    return store.put_bytes(jsonl_bytes(records))
+
+
+def read_artifact(store: ArtifactStore, digest: str, *, locations: Iterable[str] = (), name: str = "") -> bytes:
+    """The bytes of artifact ``digest`` (content-addressed path first, then ``locations``), re-hashed."""
+    path = store.locate(digest, locations, name=name or None, directory=False)
+    data = path.read_bytes()
+    actual = digests.raw_digest(data)
+    if actual != digest:
+        raise DigestMismatch(f"artifact {name or digest} at {path}", expected=digest, actual=actual)
+    return data
+
+
+def read_json(store: ArtifactStore, digest: str, **kwargs: Any) -> Any:
+    return digests.parse_canonical(read_artifact(store, digest, **kwargs))
+
+
+def read_jsonl(store: ArtifactStore, digest: str, **kwargs: Any) -> list[Any]:
+    return parse_jsonl(read_artifact(store, digest, **kwargs), source=kwargs.get("name") or digest)

@@ -329,8 +329,7 @@ def _config_steps(url: str, workdir: Path, prepared: str | None) -> int:
     from ledger.artifacts import ArtifactStore, default_root
     from ledger.store import Store
     from runners.prepare import load_prepared
-    from runners.train import latest_prepared
 
     with Store.open(url) as store:
-        digest = latest_prepared(store, prepared)
+        digest = store.latest_prepared(prepared)
         return load_prepared(store, ArtifactStore(default_root(store.url)), digest).config.train.steps

@@ -219,3 +219,46 @@ class StateMismatch(VerificationError):
 
 class ResumeDivergence(VerificationError):
     """A recovered run differs from the uninterrupted one; names step, rank, component, tensor."""
+
+
+class MeasurementMismatch(VerificationError):
+    """A recorded figure does not recompute from the evidence it is derived from."""
+
+    def __init__(self, receipt: str, field: str, *, expected: Any, actual: Any, what: str = "") -> None:
+        about = f" ({what})" if what else ""
+        super().__init__(f"receipt {receipt}: recorded {field} {actual!r} does not recompute{about}: "
+                         f"recomputed {expected!r}", receipt=receipt, field=field, expected=expected, actual=actual)
+
+
+class RecordInvalid(VerificationError):
+    """A record (a receipt's measurements, a row of an outcome table) lacks a field or has one of the wrong type."""
+
+    def __init__(self, receipt: str | None, field: str, *, expected: Any, actual: Any, what: str = "") -> None:
+        where = f"receipt {receipt}: " if receipt else ""
+        about = f"{what} " if what else ""
+        super().__init__(f"{where}{about}{field}: expected {expected}, found {actual!r}", receipt=receipt,
+                         field=field, expected=expected, actual=actual)
+
+
+class ReportMismatch(VerificationError):
+    """A stored report differs from the one rebuilt from the ledger; names the first differing field."""
+
+    def __init__(self, receipt: str, field: str, *, expected: Any, actual: Any) -> None:
+        super().__init__(f"receipt {receipt}: the report's {field} does not recompute from the ledger",
+                         receipt=receipt, field=f"report.{field}", expected=expected, actual=actual)
+
+
+class RunFailed(LedgerError):
+    """A launched group of ranks failed: which arm, which rank first, every exit code, where the logs are."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, arm: str, rank: int | None, returncodes: list[int | None], logs: str, *,
+                 detail: str = "") -> None:
+        what = f"rank {rank} failed" if rank is not None else "the group failed"
+        more = f": {detail}" if detail else ""
+        super().__init__(f"arm {arm}: {what}{more} (exit codes {returncodes}); see {logs}")
+        self.arm = arm
+        self.rank = rank
+        self.returncodes = returncodes
+        self.logs = logs

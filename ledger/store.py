@@ -415,6 +415,14 @@ class Store:
             raise AmbiguousReceipt(ref, found)
         return found[0]
 
+    def latest_prepared(self, prepared: str | None = None) -> str:
+        """``prepared`` if a prepare receipt has that digest, else the latest prepare receipt's digest."""
+        found = self.find(kind="prepare", prepared=prepared)
+        if not found or found[-1].receipt.prepared is None:
+            raise InputError("no prepare receipt in the ledger: run `ledger run prepare` first" if prepared is None
+                             else f"no prepare receipt with prepared digest {prepared}")
+        return found[-1].receipt.prepared
+
     def get(self, ref: str) -> Stored:
         """The receipt with this id or unique prefix."""
         rid = self.resolve(ref)

@@ -31,11 +31,11 @@ from ledger.artifacts import ArtifactStore
 from ledger.errors import InputError, MissingArtifact
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from runners.artifacts_io import put_jsonl, read_artifact, read_jsonl
-from runners.config import ARMS, ExperimentConfig, config_from_bytes
+from ledger.artifacts import put_jsonl, read_artifact, read_jsonl
+from ledger.experiment.config import ARMS, ExperimentConfig, config_from_bytes
 from runners.model import CausalLM, TinyLM, build_model, greedy_generate, sequence_nll
 from runners.prepare import artifact_root, pinned_threads
-from runners.tokenizer import CharTokenizer
+from ledger.experiment.tokenizer import CharTokenizer
 from verify import evaluation as ev
 from verify import statistics as st
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ledger.errors import InputError
-from runners.config import ModelConfig
+from ledger.experiment.config import ModelConfig
 
 
 class CausalLM(Protocol):
@@ -74,7 +74,7 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """A decoder-only transformer sized by :class:`~runners.config.ModelConfig`."""
+    """A decoder-only transformer sized by :class:`~ledger.experiment.config.ModelConfig`."""
 
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()

@@ -42,11 +42,11 @@ from ledger.artifacts import ArtifactStore, path_from_uri
 from ledger.errors import InputError, LedgerError
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from runners import tasks
-from runners.artifacts_io import put_jsonl, read_artifact, read_json, read_jsonl
-from runners.config import ARMS, ExperimentConfig, PretrainConfig, config_from_bytes, load_config
+from ledger.experiment import tasks
+from ledger.artifacts import put_jsonl, read_artifact, read_json, read_jsonl
+from ledger.experiment.config import ARMS, ExperimentConfig, PretrainConfig, config_from_bytes, load_config
 from runners.model import TinyLM, build_model, param_count
-from runners.tokenizer import CharTokenizer
+from ledger.experiment.tokenizer import CharTokenizer
 
 CORPUS_SOURCE: Final = "pydoc_data.topics"
 PROBE_FORMAT: Final = "pydoc-window"

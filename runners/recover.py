@@ -20,7 +20,8 @@ from pathlib import Path
 from ledger.errors import LedgerError
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from runners.train import ARMS, latest_prepared, summarize_arm, train_arm
+from ledger.experiment.config import ARMS
+from runners.train import summarize_arm, train_arm
 from verify.recovery import SUMMARY_FORMAT, SUMMARY_SCOPE, compare_rank, rank_passed
 
 
@@ -67,11 +68,11 @@ def run_recover(workdir: Path, db: str, *, arm: str = "diloco-four", kill_rank: 
     ``run`` names the recovered run (default ``recover/<arm>``, or ``recover/<arm>/<n>`` when the ledger already has
     that run): each attempt is its own run, so its common checkpoint is never taken from an earlier attempt.
     """
-    world = ARMS[arm]
+    world = ARMS[arm].world
     if not 0 <= kill_rank < world:
         raise LedgerError(f"--kill-rank {kill_rank}: arm {arm} has ranks 0..{world - 1}")
     with Store.open(db) as store:
-        prep = latest_prepared(store, prepared)
+        prep = store.latest_prepared(prepared)
         from ledger.artifacts import ArtifactStore, default_root
         from runners.prepare import load_prepared
 

@@ -18,7 +18,8 @@ from typing import Any
 from ledger.errors import InputError, LedgerError, ResumeDivergence
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from runners.train import ARMS, train_arm
+from ledger.experiment.config import ARMS
+from runners.train import train_arm
 
 REPLAY_FORMAT = "ledger-replay/1"
 

@@ -44,7 +44,7 @@ from ledger.errors import InputError, LedgerError, MissingArtifact
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store, Stored
 from runners.checkpoint import OuterState, load_checkpoint, save_checkpoint
-from runners.config import ExperimentConfig
+from ledger.experiment.config import ARMS, ExperimentConfig
 from runners.distributed import (
     Comm,
     RankEnv,
@@ -58,34 +58,15 @@ from runners.distributed import (
 from runners.model import build_model
 from runners.prepare import load_model_weights, load_prepared
 from runners.rng import Rngs, seed_global_rngs
-from runners.tasks import Document
-from runners.tokenizer import CharTokenizer
+from ledger.experiment.tasks import Document
+from ledger.experiment.tokenizer import CharTokenizer
 from verify.training import arm_figures, ratios
 
-ARMS = {"single": 1, "ddp-four": 4, "diloco-four": 4}
 # Ways to resume wrongly, for the negative tests of the recovery proof (never used by a real run).
 RESUME_FAULTS = ("numpy-rng", "python-rng", "cursor", "optimizer-moments")
 
 
 # --------------------------------------------------------------------------------------- prepared inputs
-
-
-def _located_dir(store: Store, artifacts: ArtifactStore, digest: str, name: str) -> Path:
-    for path in artifacts.candidates(digest, store.locations(digest)):
-        if path.is_dir():
-            return path
-    raise MissingArtifact(digest, name, str(artifacts.root))
-
-
-def latest_prepared(store: Store, prepared: str | None = None) -> str:
-    """The given prepared digest if a prepare receipt has it, else the latest prepare receipt's."""
-    found = store.find(kind="prepare", prepared=prepared)
-    if not found:
-        raise InputError("no prepare receipt in the ledger: run `ledger run prepare` first"
-                         if prepared is None else f"no prepare receipt with prepared digest {prepared}")
-    digest = found[-1].receipt.prepared
-    assert digest is not None
-    return digest
 
 
 # ------------------------------------------------------------------------------------------------- data
@@ -294,13 +275,13 @@ def worker(argv: Sequence[str] | None = None) -> int:
     env = RankEnv.from_environ()
     store = Store.open(args.db)
     artifacts = ArtifactStore(default_root(store.url))
-    prep = load_prepared(store, artifacts, latest_prepared(store, args.prepared))
+    prep = load_prepared(store, artifacts, store.latest_prepared(args.prepared))
     prepared = prep.receipt.prepared
     contracts = store.find(kind="contract", prepared=prepared)
     cfg = prep.config
     tcfg = cfg.train
-    if ARMS[args.arm] != env.world:
-        raise InputError(f"arm {args.arm} runs on {ARMS[args.arm]} ranks, launched with {env.world}")
+    if ARMS[args.arm].world != env.world:
+        raise InputError(f"arm {args.arm} runs on {ARMS[args.arm].world} ranks, launched with {env.world}")
     torch.set_num_threads(tcfg.threads_per_rank)
     torch.use_deterministic_algorithms(True)
     device = device_for(env)
@@ -337,7 +318,7 @@ def worker(argv: Sequence[str] | None = None) -> int:
     if args.restore is not None:
         mapping = json.loads(args.restore.read_text())
         ckpt = store.get(mapping[str(env.rank)]).receipt
-        ckpt_dir = _located_dir(store, artifacts, ckpt.artifacts["state"], "state")
+        ckpt_dir = artifacts.locate(ckpt.artifacts["state"], store.locations(ckpt.artifacts["state"]), name="state", directory=True)
         outer_state = diloco.state() if diloco is not None else None
         loaded = load_checkpoint(ckpt_dir, model=model, optimizer=optimizer, outer=outer_state, rngs=rngs)
         if diloco is not None and outer_state is not None:
@@ -487,8 +468,8 @@ def summarize_arm(store: Store, prepared: str, arm: str, run: str) -> Receipt:
     """Append the arm summary: per-rank, max-rank and total figures, and ratios against the other arms'
     summaries already in the ledger (which it cites)."""
     ends = [s.receipt for s in store.find(kind="train-end", run=run, prepared=prepared)]
-    if len(ends) != ARMS[arm]:
-        raise LedgerError(f"arm {arm} run {run}: expected {ARMS[arm]} train-end receipts, found {len(ends)}")
+    if len(ends) != ARMS[arm].world:
+        raise LedgerError(f"arm {arm} run {run}: expected {ARMS[arm].world} train-end receipts, found {len(ends)}")
     figures = arm_figures(ends)
     if arm == "ddp-four" and len({e.artifacts["model"] for e in ends}) != 1:
         raise LedgerError(f"DDP ranks of run {run} ended with different model digests")
@@ -517,7 +498,7 @@ def train_arm(workdir: Path, db: str, arm: str, *, run: str | None = None, prepa
     if steps is not None:
         args += ["--steps", str(steps)]
     args += list(extra)
-    result = launch("runners.train", args, ARMS[arm], kill=kill, log_dir=workdir / "logs" / run.replace("/", "_"))
+    result = launch("runners.train", args, ARMS[arm].world, kill=kill, log_dir=workdir / "logs" / run.replace("/", "_"))
     return result, run
 
 

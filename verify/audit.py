@@ -21,6 +21,7 @@ from typing import Any
 from ledger import digests
 from ledger.artifacts import ArtifactStore
 from ledger.errors import InputError, VerificationError
+from ledger.experiment.config import ARMS
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from verify.receipts import KindCheckContext, register_kind_check, verify_receipt
@@ -28,7 +29,6 @@ from verify.training import ratios
 
 AUDIT_FORMAT = "ledger-audit/1"
 SETTLEMENT_FORMAT = "ledger-settlement/1"
-ARMS = ("single", "ddp-four", "diloco-four")
 TRAINING_SCOPE = ("Matched topology, data and global batch; active time includes local updates and synchronization, "
                   "with checkpoint and whole-process cost reported separately")
 TIMING_SCOPE = ("Maximum over ranks of summed local update and sync durations. Checkpoint and loop durations are "
@@ -61,14 +61,6 @@ def _picker(store: Store, prepared: str, among: list[Receipt] | None) -> Pick:
         found = [r for r in pool if r.kind == kind and r.prepared == prepared and pred(r)]
         return found[-1] if found else None
     return pick
-
-
-def latest_prepared(store: Store, prepared: str | None) -> str:
-    found = store.find(kind="prepare", prepared=prepared)
-    if not found or found[-1].receipt.prepared is None:
-        raise InputError("no prepare receipt in the ledger" if prepared is None else
-                         f"no prepare receipt with prepared digest {prepared}")
-    return found[-1].receipt.prepared
 
 
 # --------------------------------------------------------------------------------------------- sections
@@ -178,7 +170,7 @@ def build_report(store: Store, prepared: str,
 def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *, record: bool = True,
           progress: Callable[[str], None] | None = None) -> AuditResult:
     """Verify every receipt the report draws on, build the report, and (``record``) append audit + settlement."""
-    digest = latest_prepared(store, prepared)
+    digest = store.latest_prepared(prepared)
     report, cited = build_report(store, digest)
     checks: list[str] = []
     for r in cited:

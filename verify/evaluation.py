@@ -192,7 +192,7 @@ def _read(store: Store, artifacts: ArtifactStore, r: Receipt, name: str, require
 
 
 def _jsonl(data: bytes, r: Receipt, name: str) -> list[Any]:
-    from runners.artifacts_io import parse_jsonl
+    from ledger.artifacts import parse_jsonl
 
     try:
         return parse_jsonl(data, source=f"artifact {name} of receipt {r.id}")
@@ -208,8 +208,8 @@ class EvalInputs:
     prepare: Receipt
     documents: list[dict[str, Any]]
     probes: list[dict[str, Any]]
-    tokenizer: Any  # runners.tokenizer.CharTokenizer
-    config: Any  # runners.config.ExperimentConfig
+    tokenizer: Any  # ledger.experiment.tokenizer.CharTokenizer
+    config: Any  # ledger.experiment.config.ExperimentConfig
 
 
 def _ancestor(closure: Mapping[str, Receipt], r: Receipt, kind: str) -> Receipt:
@@ -231,8 +231,8 @@ def _prepare_of(closure: Mapping[str, Receipt], r: Receipt) -> Receipt:
 def load_inputs(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Receipt], r: Receipt,
                 require: bool) -> EvalInputs | None:
     """Selection documents, probes, tokenizer and config of eval ``r``, re-hashed; None if bytes are missing."""
-    from runners.config import config_from_bytes
-    from runners.tokenizer import CharTokenizer
+    from ledger.experiment.config import config_from_bytes
+    from ledger.experiment.tokenizer import CharTokenizer
 
     selection = _ancestor(closure, r, "selection")
     prepare = _prepare_of(closure, r)

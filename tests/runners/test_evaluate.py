@@ -21,14 +21,14 @@ from typer.testing import CliRunner
 from ledger.artifacts import ArtifactStore
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from runners.artifacts_io import read_jsonl
+from ledger.artifacts import read_jsonl
 from runners.checkpoint import save_checkpoint
-from runners.config import ARMS, ExperimentConfig, config_from_dict
+from ledger.experiment.config import ARMS, ExperimentConfig, config_from_dict
 from runners.evaluate import evaluate_experiment, load_inputs, load_model, score, trained_arms
 from runners.prepare import artifact_root, pinned_threads, prepare
 from runners.rng import Rngs
-from runners.tasks import Document
-from runners.tokenizer import CharTokenizer
+from ledger.experiment.tasks import Document
+from ledger.experiment.tokenizer import CharTokenizer
 from verify import statistics as st
 
 TINY: dict[str, Any] = {

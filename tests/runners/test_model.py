@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ledger.errors import InputError
-from runners.config import ModelConfig
+from ledger.experiment.config import ModelConfig
 from runners.model import TinyLM, build_model, greedy_generate, load_hf_causal_lm, param_count, sequence_nll
 
 CFG = ModelConfig(d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=24)

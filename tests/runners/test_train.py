@@ -27,11 +27,12 @@ from ledger.artifacts import ArtifactStore
 from ledger.errors import ChainBroken
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from runners.config import ExperimentConfig, config_from_dict
+from ledger.experiment.config import ExperimentConfig, config_from_dict
 from runners.distributed import free_port
 from runners.model import build_model
 from runners.prepare import artifact_root, load_model_weights, load_prepared, pinned_threads, prepare
-from runners.train import ARMS, documents_loss, encode_batch, lr_at, shard, step_indices, summarize_arm, train_arm
+from ledger.experiment.config import ARMS
+from runners.train import documents_loss, encode_batch, lr_at, shard, step_indices, summarize_arm, train_arm
 from verify.receipts import verify_receipt
 
 H = 2  # DiLoCo inner steps
@@ -116,7 +117,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_every_receipt_verifies_with_its_artifacts(experiment: Experiment, arm: str) -> None:
     a = experiment.arms[arm, "a"]
-    world = ARMS[arm]
+    world = ARMS[arm].world
     assert sorted(a.ends) == list(range(world))
     assert sorted(a.checkpoints) == [(r, s) for r in range(world) for s in (CHECKPOINT_EVERY, STEPS)]
     artifacts = ArtifactStore(artifact_root(experiment.workdir))
@@ -141,11 +142,11 @@ def test_train_start_binds_the_rank_identity(experiment: Experiment) -> None:
         for arm in ARMS:
             run = experiment.arms[arm, "a"].run
             starts = {s.receipt.rank or 0: s.receipt for s in store.find(kind="train-start", run=run)}
-            assert sorted(starts) == list(range(ARMS[arm]))
+            assert sorted(starts) == list(range(ARMS[arm].world))
             for rank, r in starts.items():
                 b = r.measurements["binding"]
-                assert (b["run"], b["arm"], b["rank"], b["world"], b["threads"]) == (run, arm, rank, ARMS[arm], 1)
-                assert b["backend"] == ("gloo" if ARMS[arm] > 1 else "none") and b["device"] == "cpu"
+                assert (b["run"], b["arm"], b["rank"], b["world"], b["threads"]) == (run, arm, rank, ARMS[arm].world, 1)
+                assert b["backend"] == ("gloo" if ARMS[arm].world > 1 else "none") and b["device"] == "cpu"
                 assert r.prepared == experiment.prepared
 
 
@@ -156,7 +157,7 @@ def test_train_start_binds_the_rank_identity(experiment: Experiment) -> None:
 def test_rerun_reproduces_every_digest_and_loss(experiment: Experiment, arm: str) -> None:
     a, b = experiment.arms[arm, "a"], experiment.arms[arm, "b"]
     assert a.run != b.run
-    for rank in range(ARMS[arm]):
+    for rank in range(ARMS[arm].world):
         ea, eb = a.ends[rank], b.ends[rank]
         assert ea.id != eb.id  # different runs, different receipts...
         assert ea.artifacts == eb.artifacts  # ...and the same state, model, optimizer, outer and RNG digests
@@ -277,7 +278,7 @@ def test_sent_bytes_are_exactly_what_the_gradient_size_predicts(experiment: Expe
 @pytest.mark.parametrize("arm", list(ARMS))
 def test_per_rank_figures_are_present_and_consistent(experiment: Experiment, arm: str) -> None:
     m = experiment.arms[arm, "a"].summary.measurements
-    assert m["world"] == ARMS[arm] and [r["rank"] for r in m["ranks"]] == list(range(ARMS[arm]))
+    assert m["world"] == ARMS[arm].world and [r["rank"] for r in m["ranks"]] == list(range(ARMS[arm].world))
     for r in m["ranks"]:
         assert r["active_seconds"] == r["update_seconds"] + r["synchronization_seconds"]
         assert r["update_seconds"] > 0 and r["checkpoint_seconds"] > 0
@@ -366,7 +367,7 @@ def _seed_losses(exp: Experiment, arm: str, ckpt_losses: dict[int, list[list[Any
         for rank, losses in ckpt_losses.items():
             for step, _ in losses:
                 idx = step_indices(cfg.seed, step, len(prep.train), cfg.train.global_batch)
-                mine = idx if ARMS[arm] == 1 else shard(idx, rank, ARMS[arm])
+                mine = idx if ARMS[arm].world == 1 else shard(idx, rank, ARMS[arm].world)
                 batch = encode_batch(prep.tokenizer, [prep.train[i] for i in mine], cfg.train.loss_on,
                                      cfg.model.max_len)
                 out.append(float(documents_loss(model, batch, len(mine))))
@@ -394,7 +395,7 @@ def learning(tmp_path_factory: pytest.TempPathFactory) -> Experiment:
 def test_each_arm_learns_well_below_the_seed(learning: Experiment, arm: str) -> None:
     a = learning.arms[arm, "a"]
     t = learning.config.train
-    world = ARMS[arm]
+    world = ARMS[arm].world
     first = {r: a.checkpoints[r, t.checkpoint_every].measurements["losses"][:5] for r in range(world)}
     last = {r: a.checkpoints[r, t.steps].measurements["losses"] for r in range(world)}
     first_loss = _mean([v for losses in first.values() for _, v in losses])

@@ -19,8 +19,8 @@ from ledger.cli import app
 from ledger.errors import DigestMismatch, MissingArtifact, VerificationError
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from runners.artifacts_io import jsonl_bytes, read_jsonl
-from runners.tokenizer import CharTokenizer
+from ledger.artifacts import jsonl_bytes, read_jsonl
+from ledger.experiment.tokenizer import CharTokenizer
 from tests.runners.test_evaluate import Experiment, build_experiment
 from verify import evaluation as ev
 from verify import statistics as st

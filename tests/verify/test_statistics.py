@@ -22,7 +22,7 @@ from hypothesis import strategies as hs
 from scipy import stats
 
 from ledger.errors import InputError
-from runners.config import QualityContract
+from ledger.experiment.config import QualityContract
 from verify import statistics as st
 
 # The reference report's learning section (shared/reference/report-1.7b-four-hosts.json), less the audit's

@@ -8,8 +8,8 @@ import pytest
 
 from ledger import digests
 from ledger.errors import InputError, LedgerError
-from runners import tasks
-from runners.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, CharTokenizer
+from ledger.experiment import tasks
+from ledger.experiment.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, CharTokenizer
 
 SEED = 11
 
@@ -29,7 +29,7 @@ def _ints(text: str) -> list[int]:
 
 
 def expected_answer_values(doc: tasks.Document) -> list[int]:
-    """The answer recomputed from the structured fields, independently of runners.tasks."""
+    """The answer recomputed from the structured fields, independently of ledger.experiment.tasks."""
     f = doc.fields
     if doc.family == "filter":
         return [x for x in f["numbers"] if x > f["threshold"]]
