@@ -30,7 +30,7 @@ from typing import Any
 import blake3
 
 from ledger import digests
-from ledger.chain import prepared_digest
+from ledger.digests import prepared_digest
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import BUSY_TIMEOUT_S, Store
 from verify.receipts import verify_receipt

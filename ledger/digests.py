@@ -188,3 +188,52 @@ def file_digest(path: str | Any) -> str:
 def receipt_id(body: bytes) -> str:
     """A receipt's id: the receipt-domain digest of its canonical bytes."""
     return digest_bytes("receipt", body)
+
+
+# ------------------------------------------------------------------------------------------ composite digests
+# Every composite digest of the system, in one place: writers (runners) and checkers (verify, an independent
+# verifier following docs/receipts.md section 3) compute them with these functions and nothing else.
+
+
+def tensor_digest(name: str, dtype: str, shape: Sequence[int], data: str) -> str:
+    """The tensor digest: commits to name, dtype, shape and the data digest of its raw bytes."""
+    return digest_json("tensor", {"name": name, "dtype": dtype, "shape": list(shape), "data": data})
+
+
+def component_digest(component: str, tensors: Mapping[str, str], scalars: Mapping[str, Any]) -> str:
+    """The component digest over its tensor digests (by name) and its scalars."""
+    return digest_json("component", {"component": component, "tensors": dict(tensors), "scalars": dict(scalars)})
+
+
+def state_digest(components: Mapping[str, str]) -> str:
+    """The checkpoint (state) digest over its component digests."""
+    return digest_json("state", {"components": dict(components)})
+
+
+def prepared_digest(artifacts: Mapping[str, str]) -> str:
+    """The `prepared` digest: commits to every artifact of the prepare step (data, tokenizer, seed, config)."""
+    return digest_json("prepared", dict(artifacts))
+
+
+def selection_digest(artifacts: Mapping[str, str]) -> str:
+    """The `selection` digest: commits to the evaluation selection and the retention probes."""
+    return digest_json("selection", dict(artifacts))
+
+
+DOCUMENT_KEYS: Final = ("family", "variant", "prompt", "answer", "fields")
+
+
+def document_digest(body: Mapping[str, Any]) -> str:
+    """A task document's or retention probe's digest (domain ``document``) over its body (for a task document,
+    exactly the DOCUMENT_KEYS)."""
+    return digest_json("document", dict(body))
+
+
+def text_digest(text: str) -> str:
+    """The digest of a prompt or output text: plain BLAKE3 of its UTF-8 bytes (what ``b3sum`` prints)."""
+    return raw_digest(text.encode("utf-8"))
+
+
+def binding_digest(binding: Mapping[str, Any]) -> str:
+    """The digest of a rank's binding (who ran it where, with which software)."""
+    return digest_json("json", dict(binding))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from typing import Any, Final
 
@@ -22,28 +23,32 @@ from ledger.errors import LedgerError, MalformedReceipt
 
 SCHEMA_VERSION: Final = 1
 
-# The kinds the experiment emits. Chain rules for each live in ledger/chain.py.
-KINDS: Final = frozenset(
-    {
-        "prepare",  # data, tokenizer, seed model, config -> the `prepared` digest
-        "selection",  # the evaluation selection and retention probes -> the `selection` digest
-        "contract",  # pre-registered thresholds, recorded before training
-        "train-start",  # binds a rank's identity to a run
-        "checkpoint",  # state digests at a step
-        "train-end",  # final digests and per-rank figures
-        "arm-summary",  # max-rank and total figures of an arm, ratios
-        "fault",  # a killed rank / failed group
-        "restore",  # which checkpoint a rank restored
-        "comparison",  # uninterrupted vs recovered, or model vs model
-        "eval",  # per-document outcomes of a model on the selection
-        "quality",  # the pre-registered quality contract judged from paired comparisons
-        "serve-phase",  # one serving phase
-        "replica",  # a serving replica proving the model it loaded
-        "audit",  # the recomputed report
-        "settlement",  # tokens issued when the contracts pass
-        "note",  # free-form evidence (examples, operator remarks); no extra rules
-    }
-)
+
+
+class Kind(StrEnum):
+    """Every receipt kind. Each has one row in ledger/kinds.py (its chain rule and measurement schema) and one in
+    verify/checks.py (what verification recomputes); tests/ledger/test_kinds.py fails when a row is missing."""
+
+    PREPARE = "prepare"  # data, tokenizer, seed model, config -> the `prepared` digest
+    SELECTION = "selection"  # the evaluation selection and retention probes -> the `selection` digest
+    CONTRACT = "contract"  # pre-registered thresholds, recorded before training
+    TRAIN_START = "train-start"  # binds a rank's identity to a run
+    CHECKPOINT = "checkpoint"  # state digests at a step
+    TRAIN_END = "train-end"  # final digests and per-rank figures
+    ARM_SUMMARY = "arm-summary"  # max-rank and total figures of an arm, ratios
+    FAULT = "fault"  # a killed rank / failed group
+    RESTORE = "restore"  # which checkpoint a rank restored
+    COMPARISON = "comparison"  # uninterrupted vs recovered, or model vs model
+    EVAL = "eval"  # per-document outcomes of a model on the selection
+    QUALITY = "quality"  # the pre-registered quality contract judged from paired comparisons
+    REPLICA = "replica"  # a serving replica proving the model it loaded
+    SERVE_PHASE = "serve-phase"  # one serving phase
+    AUDIT = "audit"  # the recomputed report
+    SETTLEMENT = "settlement"  # tokens issued when the contracts pass
+    NOTE = "note"  # free-form evidence (examples, operator remarks); no extra rules
+
+
+KINDS: Final = frozenset(k.value for k in Kind)
 
 FIELDS: Final = (
     "v",
@@ -80,6 +85,8 @@ class Receipt:
     measurements: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if type(self.kind) is not str:  # a Kind member: store its plain value, so encoding never sees the enum
+            object.__setattr__(self, "kind", str(self.kind))
         validate_fields(self.to_document())
 
     def __eq__(self, other: object) -> bool:
@@ -187,7 +194,7 @@ def validate_fields(doc: Any) -> None:
 
 
 def make_receipt(
-    kind: str,
+    kind: str | Kind,
     *,
     run: str | None = None,
     rank: int | None = None,

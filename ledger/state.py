@@ -297,20 +297,9 @@ def hash_buffers(buffers: Sequence[bytes | memoryview], progress: Progress | Non
 # --------------------------------------------------------------------------------------------- digests
 
 
-def tensor_digest(name: str, dtype: str, shape: Sequence[int], data: str) -> str:
-    """The tensor digest: commits to name, dtype, shape and the data digest of its raw bytes."""
-    return digests.digest_json("tensor", {"name": name, "dtype": dtype, "shape": list(shape), "data": data})
-
-
-def component_digest(component: str, tensors: Mapping[str, str], scalars: Mapping[str, Any]) -> str:
-    """The component digest over its tensor digests (by name) and its scalars."""
-    return digests.digest_json("component", {"component": component, "tensors": dict(tensors),
-                                             "scalars": dict(scalars)})
-
-
-def state_digest(components: Mapping[str, str]) -> str:
-    """The checkpoint (state) digest over its component digests."""
-    return digests.digest_json("state", {"components": dict(components)})
+tensor_digest = digests.tensor_digest
+component_digest = digests.component_digest
+state_digest = digests.state_digest
 
 
 def count_scalars(value: Any) -> int:

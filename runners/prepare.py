@@ -4,9 +4,9 @@
 seed checkpoint directory under ``<workdir>/checkpoints``), then appends three receipts:
 
 * ``prepare``: artifacts {config, train_data, tokenizer, seed_state, model, pretrain_corpus}; ``prepared`` is
-  :func:`ledger.chain.prepared_digest` of them.
+  :func:`ledger.digests.prepared_digest` of them.
 * ``selection`` (parent: prepare): artifacts {eval_selection, retention_probes}; ``selection`` is
-  :func:`ledger.chain.selection_digest` of them; measurements count documents per family and variant.
+  :func:`ledger.digests.selection_digest` of them; measurements count documents per family and variant.
 * ``contract`` (parent: prepare): the pre-registered quality, efficiency and serving thresholds, before training.
 
 Everything is a function of the config (and of the Python/torch build, which the receipt records): the same
@@ -37,7 +37,7 @@ from typing import Any, Final
 import torch
 import torch.nn.functional as F
 
-from ledger import chain, digests
+from ledger import digests
 from ledger.artifacts import ArtifactStore, path_from_uri
 from ledger.errors import InputError, LedgerError
 from ledger.receipts import Receipt, make_receipt
@@ -146,7 +146,7 @@ def retention_probes(text: str, windows: Sequence[tuple[int, int]], seq_len: int
         window = text[offset : offset + seq_len + 1]
         body = {"format": PROBE_FORMAT, "source": CORPUS_SOURCE, "offset": offset, "text": window}
         probes.append({"probe": i, "offset": offset, "step": first_seen[offset], "text": window,
-                       "document": digests.digest_json("document", body)})
+                       "document": digests.document_digest(body)})
     return probes
 
 
@@ -322,7 +322,7 @@ def prepare(config: ExperimentConfig, workdir: Path, store: Store) -> PrepareRes
         "model": model_digest,
         "pretrain_corpus": corpus_digest,
     }
-    prepared = chain.prepared_digest(prepare_artifacts)
+    prepared = digests.prepared_digest(prepare_artifacts)
     last = result.losses[-10:]
     first_loss = result.losses[0] if result.losses else None
     final_loss = sum(last) / len(last) if last else None
@@ -347,7 +347,7 @@ def prepare(config: ExperimentConfig, workdir: Path, store: Store) -> PrepareRes
         },
     )
     selection_artifacts = {"eval_selection": selection_docs_digest, "retention_probes": probes_digest}
-    selection = chain.selection_digest(selection_artifacts)
+    selection = digests.selection_digest(selection_artifacts)
     selection_receipt = make_receipt(
         "selection",
         prepared=prepared,

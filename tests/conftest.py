@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
 from ledger import digests
-from ledger.chain import prepared_digest, selection_digest
+from ledger.digests import prepared_digest, selection_digest
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 
@@ -41,6 +42,22 @@ def ledger_db(tmp_path: Path) -> Iterator[Path]:
     store = Store.open(path, create=True)
     store.close()
     yield path
+
+
+def schema_fill(kind: str, **given: Any) -> dict[str, Any]:
+    """Measurements that fit ``kind``'s schema (ledger/kinds.py): each required field of its first format at a
+    neutral value of its type, then ``given`` on top. Hand-built test receipts stay valid records."""
+    from ledger.kinds import spec
+
+    shapes = spec(kind).schema.shapes
+    if not shapes:
+        return dict(given)
+    neutral = {bool: False, int: 0, float: 0.0, str: "x", list: [], dict: {}}
+    out: dict[str, Any] = dict(shapes[0].when)
+    for name, kind_type in shapes[0].fields.items():
+        first = kind_type[0] if isinstance(kind_type, tuple) else kind_type
+        out[name] = neutral[first]
+    return out | given
 
 
 def fake_digest(label: str) -> str:
@@ -89,14 +106,14 @@ def build_chain(
         **(prepare_artifacts or {}),
     }
     prepared = prepared_digest(prep_arts)
-    prepare = make_receipt("prepare", prepared=prepared, artifacts=prep_arts)
-    sel_arts = {"documents": fake_digest(f"{salt}documents"), "probes": fake_digest(f"{salt}probes")}
+    prepare = make_receipt("prepare", prepared=prepared, artifacts=prep_arts, measurements=schema_fill("prepare"))
+    sel_arts = {"eval_selection": fake_digest(f"{salt}documents"), "retention_probes": fake_digest(f"{salt}probes")}
     selection = make_receipt("selection", prepared=prepared, selection=selection_digest(sel_arts),
-                             parents=[prepare], artifacts=sel_arts)
+                             parents=[prepare], artifacts=sel_arts, measurements=schema_fill("selection"))
     contract = make_receipt("contract", prepared=prepared, parents=[prepare],
-                            measurements={"min_gain": 0.05, "max_bytes_ratio": 0.1})
+                            measurements=schema_fill("contract", min_gain=0.05, max_bytes_ratio=0.1))
     start = make_receipt("train-start", run=run, rank=rank, step=0, prepared=prepared, parents=[prepare],
-                         measurements={"world": 1})
+                         measurements=schema_fill("train-start", world=1))
     prev = start
     checkpoints = []
     for step in checkpoint_steps:
@@ -105,16 +122,16 @@ def build_chain(
             artifacts={"state": fake_digest(f"{salt}{run}/{rank}/state/{step}"),
                        "model": fake_digest(f"{salt}{run}/{rank}/model/{step}"),
                        "config": prep_arts["config"]},
-            measurements={"loss": 1.0 / (step + 1)},
+            measurements=schema_fill("checkpoint", loss=1.0 / (step + 1)),
         )
         checkpoints.append(prev)
     final_model = fake_digest(f"{salt}{run}/{rank}/model/final")
     end = make_receipt("train-end", run=run, rank=rank, step=end_step, prepared=prepared, parents=[prev],
-                       artifacts={"model": final_model}, measurements={"loop_seconds": 1.5})
+                       artifacts={"model": final_model}, measurements=schema_fill("train-end", loop_seconds=1.5))
     ev = make_receipt("eval", run=run, prepared=prepared, selection=selection.selection,
                       parents=[selection, end],
                       artifacts={"model": final_model, "outcomes": fake_digest(f"{salt}{run}/outcomes")},
-                      measurements={"exact_match": 17, "documents": 1024})
+                      measurements=schema_fill("eval", exact_match=17, documents=1024))
     return ReceiptChain(prepare, selection, contract, start, tuple(checkpoints), end, ev)
 
 

@@ -14,7 +14,8 @@ and recomputes all of it from the stored artifacts. The formats are specified in
   and fails naming the first document whose stored outcome differs: it proves the outcomes themselves, which a
   consistent forgery of outcomes and receipt would otherwise pass.
 
-Nothing here imports torch except :func:`rescore`, so ``ledger verify`` stays fast.
+Nothing here imports torch: :func:`rescore` runs the model through a :class:`~verify.context.ModelRunner` that
+the CLI hands in (runners/reexecute.py), so ``ledger verify`` stays fast and verify never imports a runner.
 """
 
 from __future__ import annotations
@@ -32,11 +33,10 @@ from ledger.artifacts import ArtifactStore
 from ledger.errors import DigestMismatch, InputError, MissingArtifact, VerificationError
 from ledger.receipts import Receipt
 from ledger.store import Store
+from ledger.experiment.formats import COMPARISON_METHOD, EVAL_FORMAT, QUALITY_FORMAT
 from verify import statistics as st
+from verify.context import KindCheckContext, ModelRunner
 
-EVAL_FORMAT: Final = "ledger-eval/1"
-COMPARISON_METHOD: Final = "paired-exact-match"
-QUALITY_FORMAT: Final = "ledger-quality/1"
 OUTCOME_KEYS: Final = frozenset({"document", "family", "variant", "prompt", "output", "output_text", "tokens",
                                  "stopped", "correct"})
 RETENTION_KEYS: Final = frozenset({"probe", "document", "tokens", "nll"})
@@ -47,9 +47,7 @@ NLL_TOLERANCE: Final = 1e-5  # re-executed retention losses (nats/token) may dif
 # ------------------------------------------------------------------------------------------------- records
 
 
-def text_digest(text: str) -> str:
-    """The digest of a prompt or output text: plain BLAKE3 of its UTF-8 bytes (what ``b3sum`` prints)."""
-    return digests.raw_digest(text.encode("utf-8"))
+text_digest = digests.text_digest
 
 
 def outcome_row(document: Mapping[str, Any], tokens: Sequence[int], stopped: bool, decoded: str,
@@ -245,8 +243,8 @@ def load_inputs(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Re
         parts[name] = data
     documents = _jsonl(parts["eval_selection"], selection, "eval_selection")
     for i, d in enumerate(documents):
-        body = {k: d.get(k) for k in ("family", "variant", "prompt", "answer", "fields")} if isinstance(d, dict) else d
-        if not isinstance(d, dict) or digests.digest_json("document", body) != d.get("document"):
+        if not isinstance(d, dict) or digests.document_digest({k: d.get(k) for k in digests.DOCUMENT_KEYS}) != d.get(
+                "document"):
             raise VerificationError(f"receipt {selection.id}: selection document {i} does not recompute its digest",
                                     receipt=selection.id, field="artifacts.eval_selection")
     return EvalInputs(selection, prepare, documents, _jsonl(parts["retention_probes"], selection, "retention_probes"),
@@ -530,26 +528,9 @@ def check_quality(store: Store, artifacts: ArtifactStore, closure: Mapping[str, 
 # ------------------------------------------------------------------------------------------- verify hooks
 
 
-def _guarded(check: Callable[[Any], list[str]]) -> Callable[[Any], list[str]]:
-    """A malformed stored record (a missing key, a wrong type, inconsistent counts) is a failed verification of
-    the receipt being checked, never a crash or a usage error."""
-    def run(ctx: Any) -> list[str]:
-        try:
-            return check(ctx)
-        except VerificationError:
-            raise
-        except (InputError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            detail = exc.one_line() if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
-            raise VerificationError(f"receipt {ctx.receipt.id}: malformed {ctx.receipt.kind} record: {detail}",
-                                    receipt=ctx.receipt.id, field="measurements") from exc
-    return run
-
-
-def _eval_hook(ctx: Any) -> list[str]:
-    r = ctx.receipt
-    if r.measurements.get("format") != EVAL_FORMAT:  # comparisons and quality receipts still require the format
-        return [f"eval {r.id[:19]}: measurements.format is {r.measurements.get('format')!r}, not {EVAL_FORMAT!r}: "
-                "statistics not checked"]
+def eval_check(ctx: KindCheckContext) -> list[str]:
+    """An eval: rows against the selection, the outcome file's digest, every figure; re-scoring on request."""
+    r = ctx.receipt  # its schema check (verify/checks.py) ran first: the format is EVAL_FORMAT
     rec = check_eval(ctx.store, ctx.artifacts, ctx.closure, r, ctx.require_artifacts)
     lines = []
     if rec is None:
@@ -558,12 +539,15 @@ def _eval_hook(ctx: Any) -> list[str]:
         lines.append(f"eval {r.id[:19]} {r.measurements['arm']}: {r.measurements['correct']}/"
                      f"{r.measurements['documents']} correct and every breakdown recomputed from the outcomes")
     if ctx.rescore > 0:
-        report = rescore(ctx.store, r, ctx.rescore, ctx.rescore_seed, artifacts=ctx.artifacts)
+        if ctx.runner is None:
+            raise InputError("re-scoring an eval needs a model runner (ledger verify --rescore provides one)")
+        report = rescore(ctx.store, r, ctx.rescore, ctx.rescore_seed, runner=ctx.runner, artifacts=ctx.artifacts)
         lines.append(report.line())
     return lines
 
 
-def _comparison_hook(ctx: Any) -> list[str]:
+def comparison_check(ctx: KindCheckContext) -> list[str]:
+    """A paired comparison: every statistic from the two evals' outcomes (other comparison formats: not ours)."""
     r = ctx.receipt
     if r.measurements.get("method") != COMPARISON_METHOD:
         return []
@@ -572,22 +556,12 @@ def _comparison_hook(ctx: Any) -> list[str]:
     return [f"comparison {r.id[:19]} {r.measurements['comparison']}: every statistic recomputed from the outcomes"]
 
 
-def _quality_hook(ctx: Any) -> list[str]:
+def quality_check(ctx: KindCheckContext) -> list[str]:
+    """A quality receipt: every condition and the learning section from the contract and the comparisons."""
     r = ctx.receipt
     check_quality(ctx.store, ctx.artifacts, ctx.closure, r)
     verdict = "passed" if r.measurements["quality_contract_passed"] else "failed"
     return [f"quality {r.id[:19]}: every condition recomputed; the quality contract {verdict}"]
-
-
-def _register() -> None:
-    from verify.receipts import register_kind_check
-
-    register_kind_check("eval", _guarded(_eval_hook))
-    register_kind_check("comparison", _guarded(_comparison_hook))
-    register_kind_check("quality", _guarded(_quality_hook))
-
-
-_register()
 
 
 # ---------------------------------------------------------------------------------------------- re-scoring
@@ -627,15 +601,7 @@ def sample_indices(count: int, n: int, seed: int) -> list[int]:
     return sorted(items[: max(0, min(n, count))])
 
 
-def locate_checkpoint(store: Store, artifacts: ArtifactStore, state: str) -> Path:
-    """The checkpoint directory holding ``state`` (its recorded locations)."""
-    for path in artifacts.candidates(state, store.locations(state)):
-        if Path(path).is_dir():
-            return Path(path)
-    raise MissingArtifact(state, "checkpoint", str(artifacts.root))
-
-
-def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *,
+def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *, runner: ModelRunner,
             artifacts: ArtifactStore | None = None) -> RescoreReport:
     """Re-execute the model of an eval on ``n`` random documents (and as many retention probes) from its checkpoint.
 
@@ -644,12 +610,7 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *,
     retention loss may differ by at most NLL_TOLERANCE. Raises VerificationError naming the first document whose
     stored outcome differs.
     """
-    import torch
-
     from ledger.artifacts import default_root
-    from runners.evaluate import load_model
-    from runners.model import greedy_generate, sequence_nll
-    from runners.prepare import pinned_threads
 
     started = time.perf_counter()
     r = eval_receipt if isinstance(eval_receipt, Receipt) else store.get(eval_receipt).receipt
@@ -666,9 +627,8 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *,
     if len(rows) != len(docs) or len(retention) != len(inputs.probes):
         raise VerificationError(f"receipt {r.id}: the outcome files do not cover the selection (run ledger verify)",
                                 receipt=r.id, field="artifacts.outcomes")
-    checkpoint = locate_checkpoint(store, arts, r.artifacts["state"])
-    model = load_model(checkpoint, inputs.config, tok.vocab_size, state=r.artifacts["state"],
-                       model=r.artifacts["model"], receipt=r.id)
+    checkpoint = arts.locate(r.artifacts["state"], store.locations(r.artifacts["state"]), name="checkpoint",
+                             directory=True)
     threads = int(settings["threads"])
     batch_size = int(settings["batch_size"])
     max_new = int(settings["max_new_tokens"])
@@ -679,10 +639,11 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *,
     batches = [b for b in plan if wanted.intersection(b)]
     rescored = 0
     max_dev = 0.0
-    with pinned_threads(threads), torch.inference_mode():
+    with runner.load(checkpoint, inputs.config, tok.vocab_size, state=r.artifacts["state"],
+                     model=r.artifacts["model"], receipt=r.id, threads=threads) as model:
         for batch in batches:
-            outs = greedy_generate(model, [prompts[i] for i in batch], eos_id=tok.eos_id, max_new_tokens=max_new,
-                                   batch_size=len(batch))
+            outs = model.generate([prompts[i] for i in batch], eos_id=tok.eos_id, max_new_tokens=max_new,
+                                  batch_size=len(batch))
             for i, out in zip(batch, outs, strict=True):
                 doc = docs[i]
                 again = outcome_row(doc, out, len(out) < max_new, tok.decode(out), tok.encode(doc["answer"]))
@@ -699,7 +660,7 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *,
         probe_batches = [b for b in batch_plan([len(p) for p in probe_ids], batch_size) if probe_sample.intersection(b)]
         probes = 0
         for batch in probe_batches:
-            values = sequence_nll(model, [probe_ids[i] for i in batch], batch_size=len(batch))
+            values = model.nll([probe_ids[i] for i in batch], batch_size=len(batch))
             for i, value in zip(batch, values, strict=True):
                 probes += 1
                 stored = retention[i]["nll"]
@@ -713,12 +674,6 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *,
                         field=f"retention[{probe['document']}].nll", expected=value, actual=stored)
     return RescoreReport(r.id, str(r.measurements.get("arm")), seed, [docs[i]["document"] for i in sampled], rescored,
                          probes, max_dev, time.perf_counter() - started, threads, len(docs))
-
-
-def rescore_all(store: Store, receipts: Iterable[Receipt], n: int, seed: int,
-                artifacts: ArtifactStore | None = None) -> list[RescoreReport]:
-    """:func:`rescore` every eval receipt among ``receipts``."""
-    return [rescore(store, r, n, seed, artifacts=artifacts) for r in receipts if r.kind == "eval"]
 
 
 __all__ = [

@@ -19,6 +19,8 @@ from ledger.errors import DigestMismatch, LedgerError, MissingArtifact, RecordMi
 from ledger.models import ReceiptRow
 from ledger.receipts import Receipt
 from ledger.store import ArtifactRef, ParentEdge, Store
+from verify.checks import checks_for
+from verify.context import KindCheckContext, ModelRunner
 
 ArtifactStatus = Literal["verified", "missing"]
 
@@ -54,34 +56,6 @@ class VerifyReport:
             ],
             "checks": list(self.checks),
         }
-
-
-@dataclass(frozen=True)
-class KindCheckContext:
-    """What a kind-specific check gets: the receipt, its verified ancestry, where artifact bytes are, options."""
-
-    store: Store
-    receipt: Receipt
-    closure: dict[str, Receipt]
-    artifacts: ArtifactStore
-    require_artifacts: bool
-    rescore: int  # re-execute this many sampled documents per eval receipt (0: recompute statistics only)
-    rescore_seed: int
-
-
-# Kind-specific checks above the chain (ladder level 4 and up) live in their own modules, which register here when
-# imported; verify_receipt imports CHECK_MODULES lazily so that plain receipts never pay for them. A check raises a
-# VerificationError or returns lines describing what held.
-KindCheck = Callable[[KindCheckContext], list[str]]
-CHECK_MODULES = ("verify.evaluation", "verify.recovery", "verify.training", "verify.audit")
-KIND_CHECKS: dict[str, list[KindCheck]] = {}
-
-
-def register_kind_check(kind: str, check: KindCheck) -> None:
-    """Add a check for ``kind``; several may share a kind (each ignores receipts of a format not its own)."""
-    checks = KIND_CHECKS.setdefault(kind, [])
-    if check not in checks:
-        checks.append(check)
 
 
 _COLUMNS = ("kind", "run", "rank", "step", "prepared", "selection")
@@ -166,10 +140,11 @@ def verify_receipt(
     progress: Callable[[str], None] | None = None,
     rescore: int = 0,
     rescore_seed: int | None = None,
+    runner: ModelRunner | None = None,
 ) -> VerifyReport:
     """Verify the receipt ``ref`` (id or unique prefix) and every ancestor; see the module docstring.
 
-    With ``artifacts``, kind-specific checks (KIND_CHECKS) run on every receipt of the ancestry before the artifacts
+    With ``artifacts``, each kind's checks (verify/checks.py) run on every receipt of the ancestry before the artifacts
     are re-hashed, so a tampered outcome is named by its document, not only by its file's digest; ``rescore`` > 0
     also re-executes a random sample (seeded by ``rescore_seed``, random when None) of each eval.
     """
@@ -180,15 +155,12 @@ def verify_receipt(
         chain.check_receipt(r, closure)
     report = VerifyReport(receipt=rid, receipts_checked=len(ordered))
     if artifacts is not None:
-        import importlib
         import secrets
 
-        for module in CHECK_MODULES:
-            importlib.import_module(module)
         seed = secrets.randbits(32) if rescore_seed is None else rescore_seed
         for r in ordered:
-            for check in KIND_CHECKS.get(r.kind, ()):
-                ctx = KindCheckContext(store, r, closure, artifacts, require_artifacts, rescore, seed)
+            ctx = KindCheckContext(store, r, closure, artifacts, require_artifacts, rescore, seed, runner)
+            for check in checks_for(r.kind):
                 report.checks.extend(check(ctx))
         report.artifacts = check_artifacts(store, ordered, artifacts, progress=progress)
         if require_artifacts and report.missing:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.errors import InputError, LedgerError, ResumeDivergence, VerificationError
+from ledger.errors import InputError, LedgerError, MeasurementMismatch, ResumeDivergence, VerificationError
+from ledger.experiment.formats import RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
 from ledger.receipts import Receipt
+from ledger.rules import recovery_rank_passed
 from ledger.store import Store
-from verify.receipts import KindCheckContext, register_kind_check
+from verify.context import KindCheckContext
 
-RANK_FORMAT = "ledger-recovery-rank/1"
-SUMMARY_FORMAT = "ledger-recovery/1"
+RANK_FORMAT = RECOVERY_RANK_FORMAT
+SUMMARY_FORMAT = RECOVERY_SUMMARY_FORMAT
 RANK_SCOPE = ("Same operated group and rank identities; exact tensor/scalar/RNG contents after restoring the common "
               "checkpoint")
 SUMMARY_SCOPE = ("Consistency of exact tensor/scalar/RNG comparisons under one operator; no elastic membership, "
@@ -69,9 +71,7 @@ def compare_rank(store: Store, uninterrupted: Receipt, recovered: Receipt, resum
     }
 
 
-def rank_passed(m: dict[str, Any]) -> bool:
-    return bool(m["contents_exactly_equal"] and m["file_hashes_equal"] and m["binding_equal"]
-                and m["trajectory_equal"])
+rank_passed = recovery_rank_passed
 
 
 def divergence(m: dict[str, Any]) -> ResumeDivergence:
@@ -143,9 +143,8 @@ def check_rank_comparison(ctx: KindCheckContext) -> list[str]:
     again = compare_rank(ctx.store, unint, recov, int(m["resume_step"]))
     for name in _RECOMPUTED:
         if _norm(again[name]) != _norm(m.get(name)):
-            raise VerificationError(f"receipt {r.id}: recorded {name} {m.get(name)!r} does not recompute "
-                                    f"({again[name]!r})", receipt=r.id, field=f"measurements.{name}",
-                                    expected=m.get(name), actual=again[name])
+            raise MeasurementMismatch(r.id, f"measurements.{name}", expected=again[name], actual=m.get(name),
+                                      what="from the checkpoint files and losses")
     if not rank_passed(again):
         raise divergence(again)
     return [f"recovery rank {m['rank']}: state, files, RNG, binding and {m['trajectory_steps']} losses after step "
@@ -153,31 +152,19 @@ def check_rank_comparison(ctx: KindCheckContext) -> list[str]:
 
 
 def check_recovery_summary(ctx: KindCheckContext) -> list[str]:
+    """A recovery summary's claims equal its fault's and its rank comparisons' (a chain rule, ledger/rules.py);
+    here the verdict itself must hold: a recovery whose ranks diverged fails verification."""
     r = ctx.receipt
     m = r.measurements
     if m.get("format") != SUMMARY_FORMAT:
         return []
-    parents = [ctx.closure[p] for p in r.parents]
-    ranks = [p for p in parents if p.kind == "comparison" and p.measurements.get("format") == RANK_FORMAT]
-    faults = [p for p in parents if p.kind == "fault"]
-    if len(faults) != 1 or not ranks:
-        raise VerificationError(f"receipt {r.id}: a recovery summary cites one fault and the rank comparisons",
-                                receipt=r.id, field="parents")
-    fault = faults[0].measurements
-    claimed = {
-        "killed_rank": fault["killed_rank"],
-        "last_observed_step_before_kill": fault["last_observed_step"],
-        "restore_step": fault["restore_step"],
-        "failed_group_seconds": fault["failed_group_seconds"],
-        "all_rank_state_and_trajectory_comparisons_passed": all(rank_passed(dict(p.measurements)) for p in ranks),
-    }
-    for name, value in claimed.items():
-        if m.get(name) != value:
-            raise VerificationError(f"receipt {r.id}: {name} is {m.get(name)!r}, its parents say {value!r}",
-                                    receipt=r.id, field=f"measurements.{name}", expected=value, actual=m.get(name))
-    if not claimed["all_rank_state_and_trajectory_comparisons_passed"]:
+    ranks = [ctx.closure[p] for p in r.parents if ctx.closure[p].kind == "comparison"]
+    failed = [dict(p.measurements) for p in ranks if p.measurements.get("format") == RANK_FORMAT
+              and not rank_passed(dict(p.measurements))]
+    if failed or not m.get("all_rank_state_and_trajectory_comparisons_passed"):
         raise VerificationError(f"receipt {r.id}: not every rank's recovery comparison passed", receipt=r.id,
-                                field="measurements.all_rank_state_and_trajectory_comparisons_passed")
+                                field="measurements.all_rank_state_and_trajectory_comparisons_passed",
+                                expected=True, actual=m.get("all_rank_state_and_trajectory_comparisons_passed"))
     return [f"recovery: {len(ranks)} rank comparison(s) passed after restoring step {m['restore_step']}"]
 
 
@@ -189,6 +176,3 @@ def _norm(value: Any) -> Any:
         return [_norm(v) for v in value]
     return value
 
-
-register_kind_check("comparison", check_rank_comparison)
-register_kind_check("comparison", check_recovery_summary)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledger.errors import VerificationError
+from ledger.errors import MeasurementMismatch
+from ledger.experiment.config import ARMS
 from ledger.receipts import Receipt
-from verify.receipts import KindCheckContext, register_kind_check
+from verify.context import KindCheckContext
 
 RANK_FIELDS = ("update_seconds", "synchronization_seconds", "active_seconds", "checkpoint_seconds", "loop_seconds",
                "sent_bytes", "interface_bytes")
@@ -51,13 +52,15 @@ def check_arm_summary(ctx: KindCheckContext) -> list[str]:
     parents = [ctx.closure[p] for p in r.parents]
     ends = [p for p in parents if p.kind == "train-end" and p.run == r.run]
     others = {p.measurements.get("arm"): p.measurements for p in parents if p.kind == "arm-summary"}
-    again = arm_figures(ends) | {"ratios": ratios(r.measurements, others.get("ddp-four"), others.get("single"))}
+    again = arm_figures(ends) | {"ratios": ratios(r.measurements, *_baselines(others))}
     for name, value in again.items():
         if r.measurements.get(name) != value:
-            raise VerificationError(f"receipt {r.id}: {name} does not recompute from the train-end receipts it cites",
-                                    receipt=r.id, field=f"measurements.{name}", expected=value,
-                                    actual=r.measurements.get(name))
+            raise MeasurementMismatch(r.id, f"measurements.{name}", expected=value, actual=r.measurements.get(name),
+                                      what="from the train-end receipts it cites")
     return [f"arm {r.measurements.get('arm')}: figures of {len(ends)} rank(s) and ratios recompute"]
 
 
-register_kind_check("arm-summary", check_arm_summary)
+def _baselines(summaries: Mapping[Any, Mapping[str, Any]]) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """The every-step data-parallel arm's and the single-rank arm's summaries among ``summaries`` (by arm name)."""
+    by_sync = {ARMS[a].sync: m for a, m in summaries.items() if a in ARMS}
+    return by_sync.get("every-step"), by_sync.get("none")

@@ -58,7 +58,7 @@ class Document:
     @property
     def digest(self) -> str:
         """The stable document digest (domain ``document``) over family, variant, prompt, answer and fields."""
-        return digests.digest_json("document", self.body())
+        return digests.document_digest(self.body())
 
     def to_json(self) -> dict[str, Any]:
         """The JSONL record: the body plus its digest under ``document``."""

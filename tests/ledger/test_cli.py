@@ -1,4 +1,4 @@
-"""The `ledger` CLI (ledger/cli.py) through typer's CliRunner: commands, --json, errors and exit codes."""
+"""The `ledger` CLI (ledger/cli/) through typer's CliRunner: commands, --json, errors and exit codes."""
 
 from __future__ import annotations
 

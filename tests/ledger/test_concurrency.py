@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ledger import digests
-from ledger.chain import prepared_digest
+from ledger.digests import prepared_digest
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from verify.receipts import verify_receipt

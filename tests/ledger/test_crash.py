@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ledger import digests
-from ledger.chain import prepared_digest
+from ledger.digests import prepared_digest
 from ledger.receipts import make_receipt
 from ledger.store import Store
 from verify.receipts import verify_receipt
@@ -36,7 +36,7 @@ PREPARED = prepared_digest(ARTIFACTS)
 WRITER = r"""
 import random, sys, time
 from ledger import digests
-from ledger.chain import prepared_digest
+from ledger.digests import prepared_digest
 from ledger.receipts import make_receipt
 from ledger.store import Store
 

@@ -222,7 +222,7 @@ def spec_verify_ledger(db: Path) -> int:
 # ====================================================================================== comparison with ledger
 
 from ledger import digests  # noqa: E402  (the library, only for comparison from here on)
-from ledger.chain import prepared_digest, selection_digest  # noqa: E402
+from ledger.digests import prepared_digest, selection_digest  # noqa: E402
 from ledger.errors import LedgerError  # noqa: E402
 from ledger.receipts import KINDS, make_receipt, parse_receipt  # noqa: E402
 from ledger.store import Store  # noqa: E402

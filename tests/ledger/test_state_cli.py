@@ -13,12 +13,13 @@ from rich.console import Console
 from typer.testing import CliRunner, Result
 
 from ledger import digests
-from ledger.chain import prepared_digest
-from ledger.cli import _ProgressBar, app
+from ledger.digests import prepared_digest
+from ledger.cli import app
+from ledger.cli.state import _ProgressBar
 from ledger.receipts import Receipt, make_receipt
 from ledger.state import SafetensorsFile, read_state
 from ledger.store import Store
-from tests.conftest import fake_digest
+from tests.conftest import fake_digest, schema_fill
 from tests.ledger.test_state import flip_bit, make_checkpoint, model_tensors, pickle_payloads
 
 runner = CliRunner()
@@ -148,14 +149,16 @@ def _ledger_with(tmp_path: Path, runs: dict[str, Path]) -> tuple[Path, dict[str,
     db = tmp_path / "ledger.db"
     store = Store.open(db, create=True)
     arts = {"data": fake_digest("data"), "config": fake_digest("config")}
-    prepare = make_receipt("prepare", prepared=prepared_digest(arts), artifacts=arts)
+    prepare = make_receipt("prepare", prepared=prepared_digest(arts), artifacts=arts,
+                           measurements=schema_fill("prepare"))
     out: dict[str, Receipt] = {}
     for run_name, root in runs.items():
         state = read_state(root)
         start = make_receipt("train-start", run=run_name, rank=0, step=0, prepared=prepare.prepared,
-                             parents=[prepare])
+                             parents=[prepare], measurements=schema_fill("train-start"))
         ck = make_receipt("checkpoint", run=run_name, rank=0, step=4, prepared=prepare.prepared, parents=[start],
-                          artifacts={"state": state.digest, "model": state.components["model"].digest})
+                          artifacts={"state": state.digest, "model": state.components["model"].digest},
+                          measurements=schema_fill("checkpoint"))
         store.append_many([prepare, start, ck])
         store.add_location(state.digest, str(root))
         store.add_location(state.components["model"].digest, root.resolve().as_uri())

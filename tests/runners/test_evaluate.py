@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from ledger.artifacts import ArtifactStore
 from ledger.receipts import Receipt, make_receipt
+from tests.conftest import schema_fill
 from ledger.store import Store
 from ledger.artifacts import read_jsonl
 from runners.checkpoint import save_checkpoint
@@ -72,7 +73,7 @@ def train_arm_in_process(store: Store, workdir: Path, arm: str, steps: int, lr: 
     seed_dir = Path(store.locations(prep.artifacts["seed_state"])[0])
     model = load_model(seed_dir, cfg, tok.vocab_size, state=prep.artifacts["seed_state"], model=prep.artifacts["model"])
     train = [Document.from_json(r) for r in inputs.documents]
-    torch.manual_seed(ARMS.index(arm))
+    torch.manual_seed(list(ARMS).index(arm))
     rngs = Rngs.from_seed(cfg.seed, 0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
@@ -88,11 +89,12 @@ def train_arm_in_process(store: Store, workdir: Path, arm: str, steps: int, lr: 
     store.add_location(saved.digest, str(saved.path.resolve()))
     arts_of_state = {"state": saved.digest, "config": prep.artifacts["config"], **saved.manifest.components}
     start = make_receipt("train-start", run=run, rank=0, step=0, prepared=prep.prepared, parents=[prep],
-                         artifacts={"config": prep.artifacts["config"], "model": prep.artifacts["model"]})
+                         artifacts={"config": prep.artifacts["config"], "model": prep.artifacts["model"]},
+                         measurements=schema_fill("train-start"))
     ckpt = make_receipt("checkpoint", run=run, rank=0, step=steps, prepared=prep.prepared, parents=[start],
-                        artifacts=arts_of_state, measurements={"arm": arm})
+                        artifacts=arts_of_state, measurements=schema_fill("checkpoint", arm=arm))
     end = make_receipt("train-end", run=run, rank=0, step=steps, prepared=prep.prepared, parents=[ckpt],
-                       artifacts=arts_of_state, measurements={"arm": arm, "world": 1})
+                       artifacts=arts_of_state, measurements=schema_fill("train-end", arm=arm, world=1))
     summary = make_receipt("arm-summary", run=run, prepared=prep.prepared, parents=[end],
                            artifacts={"model": arts_of_state["model"]}, measurements={"arm": arm})
     store.append_many([start, ckpt, end, summary])
@@ -248,42 +250,22 @@ def test_quality_receipt_records_each_condition_and_the_learning_section(experim
     assert {c.id for c in experiment.comparisons.values()} <= parents and len(parents) == 6
 
 
-def cli_app() -> Any:
-    """``ledger.cli.app`` once `ledger run` is wired into it; until then the same command registered on a group
-    built the way ledger.cli builds its groups (same error mapping)."""
-    import typer
-
-    from ledger import cli
-    from ledger.cli_eval import register
-
-    group = typer.main.get_command(cli.app)
-    run = getattr(group, "commands", {}).get("run")
-    if run is not None and "eval" in getattr(run, "commands", {}):
-        return cli.app
-    local = cli._typer("ledger")
-    run_app = cli._typer("run")
-    local.add_typer(run_app, name="run")
-    register(run_app, local)
-    local.command("show")(cli.show)
-    return local
-
-
 def test_run_eval_cli_and_show_render_tables(experiment: Experiment, tmp_path: Path) -> None:
     from ledger.cli import app
 
     exp = experiment.copy(tmp_path)
     runner = CliRunner()
-    result = runner.invoke(cli_app(), ["run", "eval", "--workdir", str(exp.workdir), "--json"])
+    result = runner.invoke(app, ["run", "eval", "--workdir", str(exp.workdir), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["quality"]["receipt"] == exp.quality.id
     assert summary["evals"]["seed"]["receipt"] == exp.evals["seed"].id
     gained = exp.comparisons["single_vs_seed"].measurements["gained"]
     assert summary["comparisons"]["single_vs_seed"]["gained"] == gained > 0
-    text = runner.invoke(cli_app(), ["run", "eval", "--workdir", str(exp.workdir)])
+    text = runner.invoke(app, ["run", "eval", "--workdir", str(exp.workdir)])
     assert text.exit_code == 0, text.output
     assert "local_vs_ddp" in text.stdout and "quality contract FAILED" in text.stdout
-    bad = runner.invoke(cli_app(), ["run", "eval", "--workdir", str(tmp_path / "nothing-here")])
+    bad = runner.invoke(app, ["run", "eval", "--workdir", str(tmp_path / "nothing-here")])
     assert bad.exit_code == 4 and "ledger: error:" in bad.stderr  # no ledger there
     for receipt, words in ((exp.evals["single"], ("family", "variant", "filter")),
                            (exp.comparisons[st.LOCAL_VS_BASELINE], ("exact_one_sided_p", "gained")),

@@ -111,9 +111,9 @@ def test_prepare_end_to_end(tiny_toml: Path, tmp_path: Path) -> None:
         sel = store.get(result.receipts["selection"]).receipt
         contract = store.get(result.receipts["contract"]).receipt
         assert set(prep.artifacts) == {"config", "train_data", "tokenizer", "seed_state", "model", "pretrain_corpus"}
-        assert prep.prepared == result.prepared == chain.prepared_digest(prep.artifacts)
+        assert prep.prepared == result.prepared == digests.prepared_digest(prep.artifacts)
         assert set(sel.artifacts) == {"eval_selection", "retention_probes"}
-        assert sel.selection == result.selection == chain.selection_digest(sel.artifacts)
+        assert sel.selection == result.selection == digests.selection_digest(sel.artifacts)
         assert sel.parents == (prep.id,) and contract.parents == (prep.id,)
         assert contract.measurements["quality"]["minimum_accuracy_gain_vs_seed"] == 0.2
         assert contract.measurements["efficiency"] == {"active_seconds_vs_ddp_max": 1.0, "sent_bytes_vs_ddp_max": 0.1}

@@ -16,12 +16,13 @@ from typer.testing import CliRunner, Result
 
 from ledger import digests
 from ledger.cli import app
-from ledger.errors import DigestMismatch, MissingArtifact, VerificationError
+from ledger.errors import RecordInvalid, DigestMismatch, MissingArtifact, VerificationError
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from ledger.artifacts import jsonl_bytes, read_jsonl
 from ledger.experiment.tokenizer import CharTokenizer
 from tests.runners.test_evaluate import Experiment, build_experiment
+from runners.reexecute import TorchModelRunner
 from verify import evaluation as ev
 from verify import statistics as st
 from verify.receipts import verify_receipt
@@ -122,7 +123,7 @@ def test_verify_recomputes_every_statistic_of_the_quality_receipt(built: Experim
 def test_rescore_of_genuine_evals_passes(built: Experiment) -> None:
     with Store.open(built.db) as store:
         for r in built.evals.values():
-            rep = ev.rescore(store, r, 5, seed=7, artifacts=built.artifacts)
+            rep = ev.rescore(store, r, 5, seed=7, runner=TorchModelRunner(), artifacts=built.artifacts)
             assert len(rep.sampled) == 5 and rep.rescored >= 5 and rep.probes >= 5
             assert rep.max_nll_deviation == 0.0  # the same batches on the same machine: the same bits
     result = cli(built, built.comparisons[st.LOCAL_VS_BASELINE].id, "--rescore", "3")
@@ -171,7 +172,7 @@ def test_rescoring_catches_a_forged_but_consistent_eval(exp: Experiment) -> None
     assert any("correct and every breakdown recomputed" in line for line in report.checks)
     n = len(rows)
     with Store.open(exp.db) as store, pytest.raises(VerificationError) as info:
-        ev.rescore(store, forged, n, seed=0, artifacts=exp.artifacts)
+        ev.rescore(store, forged, n, seed=0, runner=TorchModelRunner(), artifacts=exp.artifacts)
     assert doc["document"] in str(info.value) and info.value.field.startswith(f"outcomes[{doc['document']}]")
     result = cli(exp, forged.id, "--rescore", str(n))
     assert result.exit_code == 1 and doc["document"] in result.stderr
@@ -183,7 +184,7 @@ def test_rescoring_catches_a_forged_retention_loss(exp: Experiment) -> None:
     forged = forge_eval(exp, "single", rows_of(exp, exp.evals["single"]), retention)
     verify(exp, forged.id)
     with Store.open(exp.db) as store, pytest.raises(VerificationError) as info:
-        ev.rescore(store, forged, len(retention), seed=0, artifacts=exp.artifacts)
+        ev.rescore(store, forged, len(retention), seed=0, runner=TorchModelRunner(), artifacts=exp.artifacts)
     assert retention[3]["document"] in str(info.value) and info.value.field.endswith(".nll")
 
 
@@ -258,14 +259,15 @@ def test_an_eval_must_cite_its_arms_model(exp: Experiment) -> None:
     assert err.field == "parents" and "'single'" in str(err)
 
 
-def test_an_eval_of_an_unknown_format_is_noted_and_cannot_be_compared(exp: Experiment) -> None:
+def test_an_eval_of_an_unknown_format_fails_its_schema_and_cannot_be_compared(exp: Experiment) -> None:
     real = exp.evals["single"]
     m = {k: v for k, v in real.measurements.items() if k != "format"}
     other = make_receipt("eval", run=real.run, step=real.step, prepared=real.prepared, selection=real.selection,
                          parents=real.parents, artifacts=dict(real.artifacts), measurements=m)
     with Store.open(exp.db) as store:
         store.append(other)
-    assert any("statistics not checked" in line for line in verify(exp, other.id).checks)
+    unknown = verify_error(exp, other.id)  # stripping the format must not skip the recomputation
+    assert isinstance(unknown, RecordInvalid) and unknown.field == "measurements" and unknown.receipt == other.id
     base = exp.evals["seed"]
     cmp = make_receipt("comparison", run="compare/x", prepared=real.prepared, selection=real.selection,
                        parents=[base.id, other.id],
@@ -274,7 +276,7 @@ def test_an_eval_of_an_unknown_format_is_noted_and_cannot_be_compared(exp: Exper
     with Store.open(exp.db) as store:
         store.append(cmp)
     err = verify_error(exp, cmp.id)
-    assert err.field == "measurements.format" and err.receipt == other.id
+    assert err.receipt == other.id
 
 
 def test_a_malformed_record_is_a_failed_verification_not_a_crash(exp: Experiment) -> None:
@@ -285,7 +287,8 @@ def test_a_malformed_record_is_a_failed_verification_not_a_crash(exp: Experiment
     with Store.open(exp.db) as store:
         store.append(bad)
     err = verify_error(exp, bad.id)
-    assert err.receipt == bad.id and "malformed eval record" in str(err)
+    assert err.receipt == bad.id and isinstance(err, RecordInvalid) and err.field == "measurements.settings"
+    assert (err.expected, err.actual) == ("object", "fast")
     result = cli(exp, bad.id)
     assert result.exit_code == 1 and result.stderr.startswith("ledger: error: ")
 

@@ -1,0 +1,3 @@
+from ledger.cli.app import main
+
+main()

@@ -1,0 +1,124 @@
+"""What every command shares: the consoles, JSON output, option aliases, opening the ledger, and the one place that
+maps library errors to one line and an exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
+
+from ledger.errors import EXIT_DATABASE, EXIT_USAGE, LedgerError
+
+ENV_DEBUG = "LEDGER_DEBUG"
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class ErrorMappingGroup(TyperGroup):
+    """Maps library errors to one line and an exit code, in one place, for every sub-command."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer >= 0.2x vendors click: not `click.Context`
+        try:
+            return super().invoke(ctx)
+        except LedgerError as exc:
+            if os.environ.get(ENV_DEBUG):
+                raise
+            typer.echo(f"ledger: error: {exc.one_line()}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:
+            if os.environ.get(ENV_DEBUG):
+                raise
+            typer.echo(f"ledger: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except RecursionError:  # a hostile body nested beyond any reader's stack
+            if os.environ.get(ENV_DEBUG):
+                raise
+            typer.echo("ledger: error: input nested too deeply to read", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except Exception as exc:
+            from sqlalchemy.exc import SQLAlchemyError
+
+            if isinstance(exc, SQLAlchemyError) and not os.environ.get(ENV_DEBUG):
+                typer.echo(f"ledger: error: database: {_first_line(exc)}", err=True)
+                raise typer.Exit(EXIT_DATABASE) from None
+            raise
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc)
+    return " ".join(text.split("\n")[0].split())
+
+
+def make_typer(help_text: str) -> typer.Typer:
+    return typer.Typer(cls=ErrorMappingGroup, help=help_text, no_args_is_help=True, add_completion=False,
+                       pretty_exceptions_show_locals=False, rich_markup_mode=None)
+
+
+# ----------------------------------------------------------------------------------- shared options
+
+DbOpt = Annotated[
+    str | None,
+    typer.Option("--db", help="Ledger: an SQLite path or an SQLAlchemy URL. Default $LEDGER_DB or ./ledger.db"),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+ArtifactsOpt = Annotated[
+    Path | None,
+    typer.Option("--artifacts", help="Artifact directory. Default $LEDGER_ARTIFACTS or artifacts/ beside the db."),
+]
+PreparedOpt = Annotated[str | None, typer.Option(help="Prepared digest (default: the latest prepare).")]
+WorkdirOpt = Annotated[Path, typer.Option("--workdir", help="Experiment directory (runs, checkpoints, logs).")]
+RunDbOpt = Annotated[
+    str | None,
+    typer.Option("--db", help="Ledger database. Default $LEDGER_DB, else <workdir>/ledger.db"),
+]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Experiment config (TOML). Default: built-in.")]
+
+
+def run_db(db: str | None, workdir: Path) -> str:
+    """The run commands keep an experiment self-contained: its ledger defaults to <workdir>/ledger.db."""
+    if db is not None:
+        return db
+    return os.environ.get("LEDGER_DB") or str(workdir / "ledger.db")
+
+
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
+
+
+def emit(value: Any, json_out: bool, text: str) -> None:
+    """``value`` as JSON with ``--json``, else ``text``."""
+    if json_out:
+        emit_json(value)
+    else:
+        out.print(text)
+
+
+def open_store(db: str | None, create: bool = False) -> Any:
+    from ledger.store import Store
+
+    return Store.open(db, create=create)
+
+
+def artifact_store(db_url: str, root: Path | None) -> Any:
+    from ledger.artifacts import ArtifactStore, default_root
+
+    return ArtifactStore(root if root is not None else default_root(db_url))
+
+
+def print_wide(table: Table, console: Console | None = None) -> None:
+    """Print a table at its natural width: digests and tensor names are never elided, even in a pipe."""
+    from rich.measure import Measurement
+
+    console = console or out
+    need = Measurement.get(console, console.options.update(width=100_000), table).maximum
+    Console(highlight=False, soft_wrap=True, width=max(console.width, need), file=console.file).print(table)

@@ -1,0 +1,135 @@
+"""`ledger init`, `append`, `show` and `log`: writing and reading receipts. Fast: nothing here imports torch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ledger.cli.common import DbOpt, JsonOpt, emit_json, open_store, out
+from ledger.errors import InputError
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(init)
+    app.command()(append)
+    app.command()(show)
+    app.command()(log)
+
+
+def init(db: DbOpt = None, json_out: JsonOpt = False) -> None:
+    """Create a ledger database (or bring an empty one to the current schema)."""
+    from ledger.store import display_url
+
+    store = open_store(db, create=True)
+    result = {"db": display_url(store.url), "receipts": store.count()}
+    if json_out:
+        emit_json(result)
+    else:
+        out.print(f"ledger ready at {result['db']} ({result['receipts']} receipts)")
+
+
+def append(
+    source: Annotated[str, typer.Argument(help="A file of canonical receipts (one per line), or - for stdin.")],
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Append receipts. A receipt already present is a no-op; one citing an absent parent is refused."""
+    from ledger.receipts import parse_receipt
+
+    data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+    name = "stdin" if source == "-" else source
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    if not lines:
+        raise InputError(f"{name}: no receipt found")
+    receipts = [parse_receipt(line, source=f"{name} line {i + 1}") for i, line in enumerate(lines)]
+    store = open_store(db)
+    before = store.count()
+    stored = store.append_many(receipts)
+    added = store.count() - before
+    if json_out:
+        emit_json({"appended": added, "existing": len(stored) - added, "ids": [s.receipt.id for s in stored]})
+    else:
+        for s in stored:
+            out.print(f"{s.receipt.id}  {s.receipt.kind}")
+        out.print(f"{added} appended, {len(stored) - added} already present")
+
+
+def _receipt_json(stored: Any) -> dict[str, Any]:
+    r = stored.receipt
+    return {"id": r.id, "seq": stored.seq, "recorded_ns": stored.recorded_ns, "receipt": r.to_document()}
+
+
+def show(
+    ref: Annotated[str, typer.Argument(help="Receipt id (blake3:<hex>) or a unique hex prefix.")],
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Print the canonical bytes exactly as hashed.")] = False,
+) -> None:
+    """Show one receipt."""
+    stored = open_store(db).get(ref)
+    r = stored.receipt
+    if raw:
+        sys.stdout.buffer.write(r.body + b"\n")
+        return
+    if json_out:
+        emit_json(_receipt_json(stored))
+        return
+    table = Table(title=f"{r.kind} receipt", show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    table.add_row("id", r.id)
+    for name in ("run", "rank", "step", "prepared", "selection"):
+        value = getattr(r, name)
+        if value is not None:
+            table.add_row(name, str(value))
+    for p in r.parents:
+        table.add_row("parent", p)
+    for name, digest in sorted(r.artifacts.items()):
+        table.add_row(f"artifact {name}", digest)
+    for name, value in sorted(r.measurements.items()):
+        shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+        table.add_row(name, shown)
+    out.print(table)
+    if r.kind in ("eval", "comparison", "quality"):  # breakdowns, comparisons and conditions as tables
+        from ledger.cli.render import render_receipt
+
+        render_receipt(out, r)
+
+
+def log(
+    db: DbOpt = None,
+    kind: Annotated[str | None, typer.Option(help="Only this kind.")] = None,
+    run: Annotated[str | None, typer.Option(help="Only this run.")] = None,
+    prepared: Annotated[str | None, typer.Option(help="Only this prepared digest.")] = None,
+    selection: Annotated[str | None, typer.Option(help="Only this selection digest.")] = None,
+    rank: Annotated[int | None, typer.Option(help="Only this rank.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most this many.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List receipts in append order, filtered by field."""
+    from ledger import digests
+
+    for name, value in (("--prepared", prepared), ("--selection", selection)):
+        if value is not None:
+            digests.check_digest(value, name)
+    found = open_store(db).find(kind=kind, run=run, prepared=prepared, selection=selection, rank=rank, limit=limit)
+    if json_out:
+        emit_json([_receipt_json(s) for s in found])
+        return
+    table = Table(show_edge=False)
+    for col in ("seq", "id", "kind", "run", "rank", "step", "parents"):
+        table.add_column(col)
+    for s in found:
+        r = s.receipt
+        table.add_row(str(s.seq), r.id[:23], r.kind, r.run or "", _opt(r.rank), _opt(r.step), str(len(r.parents)))
+    out.print(table)
+    out.print(f"{len(found)} receipt(s)")
+
+
+def _opt(value: int | None) -> str:
+    return "" if value is None else str(value)

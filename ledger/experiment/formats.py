@@ -1,0 +1,15 @@
+"""The record formats the experiment's receipts carry in ``measurements.format`` (or ``method``), named once here:
+writers put them in receipts, the kinds table selects a schema by them, and verify picks its recomputation."""
+
+from __future__ import annotations
+
+from typing import Final
+
+EVAL_FORMAT: Final = "ledger-eval/1"
+COMPARISON_METHOD: Final = "paired-exact-match"
+QUALITY_FORMAT: Final = "ledger-quality/1"
+RECOVERY_RANK_FORMAT: Final = "ledger-recovery-rank/1"
+RECOVERY_SUMMARY_FORMAT: Final = "ledger-recovery/1"
+REPLAY_FORMAT: Final = "ledger-replay/1"
+AUDIT_FORMAT: Final = "ledger-audit/1"
+SETTLEMENT_FORMAT: Final = "ledger-settlement/1"

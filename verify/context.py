@@ -1,0 +1,68 @@
+"""What a kind's verification check receives, and the protocol through which the CLI hands verify a way to
+re-execute a model (a runner capability: verify itself never imports torch or the runners)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ledger.artifacts import ArtifactStore
+from ledger.errors import InputError, VerificationError
+from ledger.receipts import Receipt
+from ledger.store import Store
+
+
+class LoadedModel(Protocol):
+    """A model loaded from a verified checkpoint, run exactly as the recorded evaluation ran it."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, eos_id: int, max_new_tokens: int,
+                 batch_size: int) -> list[list[int]]: ...
+
+    def nll(self, sequences: Sequence[Sequence[int]], *, batch_size: int) -> list[float]: ...
+
+
+class ModelRunner(Protocol):
+    """Re-executes models for verification (``ledger verify --rescore``); runners/reexecute.py implements it."""
+
+    def load(self, checkpoint: Path, config: Any, vocab_size: int, *, state: str, model: str, receipt: str,
+             threads: int) -> AbstractContextManager[LoadedModel]: ...
+
+
+@dataclass(frozen=True)
+class KindCheckContext:
+    """What a kind's check gets: the receipt, its verified ancestry, where artifact bytes are, and options."""
+
+    store: Store
+    receipt: Receipt
+    closure: dict[str, Receipt]
+    artifacts: ArtifactStore
+    require_artifacts: bool
+    rescore: int = 0  # re-execute this many sampled documents per eval receipt (0: recompute statistics only)
+    rescore_seed: int = 0
+    runner: ModelRunner | None = None  # how to re-execute a model; needed only when rescore > 0
+
+
+# A check raises a VerificationError or returns lines saying what held.
+KindCheck = Callable[[KindCheckContext], list[str]]
+
+
+def guarded(check: KindCheck) -> KindCheck:
+    """A malformed stored record (a missing key, a wrong type, inconsistent counts) is a failed verification of
+    the receipt being checked, never a crash or a usage error."""
+
+    def run(ctx: KindCheckContext) -> list[str]:
+        try:
+            return check(ctx)
+        except VerificationError:
+            raise
+        except (InputError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            detail = exc.one_line() if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+            raise VerificationError(f"receipt {ctx.receipt.id}: malformed {ctx.receipt.kind} record: {detail}",
+                                    receipt=ctx.receipt.id, field="measurements") from exc
+
+    run.__name__ = getattr(check, "__name__", "check")
+    run.__doc__ = check.__doc__
+    return run

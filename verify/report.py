@@ -1,0 +1,187 @@
+"""The experiment's report, rebuilt from receipts: shaped like the reference report
+(``shared/reference/report-1.7b-four-hosts.json``): training, recovery and learning sections, the contracts and
+the settlement's token count. ``check_audit`` (the audit kind's verification) rebuilds it from exactly what an
+audit receipt cites and names the first field that differs from the stored report.
+
+Serving (DESIGN step 5) is not implemented yet: the report says so, ``serving_approved`` is false and the
+settlement issues nothing, since it pays only when every contract passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ledger import digests
+from ledger.errors import InputError, ReportMismatch, VerificationError
+from ledger.experiment.config import ARMS
+from ledger.experiment.formats import AUDIT_FORMAT, RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
+from ledger.receipts import Receipt
+from ledger.store import Store
+from verify.context import KindCheckContext
+from verify.training import RANK_FIELDS, ratios
+
+TRAINING_SCOPE = ("Matched topology, data and global batch; active time includes local updates and synchronization, "
+                  "with checkpoint and whole-process cost reported separately")
+TIMING_SCOPE = ("Maximum over ranks of summed local update and sync durations. Checkpoint and loop durations are "
+                "separate; process start-up and initial model loading are outside the loop")
+NETWORK_SCOPE = ("sent_bytes: payload bytes each rank contributed to collectives, counted exactly at every call; "
+                 "interface_bytes: whole-host /proc/net/dev counters over the rank's loop (loopback included, since "
+                 "the ranks share one host here)")
+SERVING_STATUS = "not run: the serving step is not implemented yet, so serving is not approved"
+
+Pick = Callable[..., Receipt | None]
+
+
+def _picker(store: Store, prepared: str, among: list[Receipt] | None) -> Pick:
+    """The latest receipt of a kind matching ``pred``: from the ledger, or only ``among`` (an audit's citations,
+    so that verifying an audit rebuilds it from exactly what it cited, whatever was appended since)."""
+    def pick(kind: str, pred: Callable[[Receipt], bool] = lambda r: True) -> Receipt | None:
+        pool = among if among is not None else [s.receipt for s in store.find(kind=kind, prepared=prepared)]
+        found = [r for r in pool if r.kind == kind and r.prepared == prepared and pred(r)]
+        return found[-1] if found else None
+    return pick
+
+
+# --------------------------------------------------------------------------------------------- sections
+
+
+def training_section(pick: Pick, contract: Receipt) -> tuple[dict[str, Any], list[Receipt]]:
+    """The reference's ``training`` section from each arm's summary of its ``train/<arm>`` run."""
+    summaries = {arm: pick("arm-summary", lambda r, arm=arm: r.measurements.get("arm") == arm
+                           and r.run == f"train/{arm}") for arm in ARMS}
+    present = {a: s for a, s in summaries.items() if s is not None}
+    arms = {arm: {"max_rank_active_seconds": s.measurements["max_rank_active_seconds"],
+                  "max_rank_loop_seconds": s.measurements["max_rank_loop_seconds"],
+                  "parameter_digest": s.measurements["parameter_digest"],
+                  "ranks": [{k: r[k] for k in ("rank", *RANK_FIELDS)} for r in s.measurements["ranks"]],
+                  "total_sent_bytes": s.measurements["total_sent_bytes"],
+                  "world": s.measurements["world"]}
+            for arm, s in present.items()}
+    cm = contract.measurements
+    primary = cm["primary_arm"]
+    single = next(a for a, spec in ARMS.items() if spec.sync == "none")
+    r = ratios(arms[primary], arms.get(cm["baseline_arm"]), arms.get(single)) if primary in arms else {}
+    limits = cm["efficiency"]
+    def within(ratio: str, limit: str) -> bool:
+        return ratio in r and r[ratio] <= limits[limit]
+
+    conditions = {"active_time": within("active_seconds_vs_ddp", "active_seconds_vs_ddp_max"),
+                  "sent_bytes": within("sent_bytes_vs_ddp", "sent_bytes_vs_ddp_max")}
+    section = {
+        "arms": arms,
+        "conditions": conditions,
+        "efficiency_contract_passed": all(conditions.values()) and len(present) == len(ARMS),
+        "missing_arms": [a for a in ARMS if a not in present],
+        "network_scope": NETWORK_SCOPE,
+        "ratios": r,
+        "scope": TRAINING_SCOPE,
+        "thresholds": dict(limits),
+        "timing_scope": TIMING_SCOPE,
+    }
+    return section, list(present.values())
+
+
+def recovery_section(store: Store, pick: Pick) -> tuple[dict[str, Any], list[Receipt]]:
+    """The reference's ``recovery`` section from the latest recovery summary and its per-rank comparisons."""
+    summary = pick("comparison", lambda r: r.measurements.get("format") == RECOVERY_SUMMARY_FORMAT)
+    if summary is None:
+        return {"status": "not run"}, []
+    m = summary.measurements
+    ranks = []
+    for p in sorted(summary.parents):
+        pr = store.get(p).receipt
+        if pr.kind == "comparison" and pr.measurements.get("format") == RECOVERY_RANK_FORMAT:
+            pm = pr.measurements
+            ranks.append({k: pm[k] for k in (
+                "binding", "comparisons", "contents_exactly_equal", "file_hashes_equal", "outer_digest",
+                "parameter_digest", "rank", "recovered_receipt", "resume_step", "scope", "seconds",
+                "trajectory_equal", "uninterrupted_receipt")} | {"prepared": pr.prepared})
+    ranks.sort(key=lambda x: x["rank"])
+    section = {k: m[k] for k in ("all_rank_state_and_trajectory_comparisons_passed", "failed_group_seconds",
+                                 "killed_rank", "last_observed_step_before_kill", "restarted_group_seconds",
+                                 "restore_step", "scope", "arm", "detect_seconds")}
+    section["rank_comparisons"] = ranks
+    return section, [summary]
+
+
+def learning_section(pick: Pick) -> tuple[dict[str, Any], list[Receipt]]:
+    """The reference's ``learning`` section, as the quality receipt recomputed it from per-document outcomes."""
+    quality = pick("quality")
+    if quality is None:
+        return {"status": "not run", "quality_contract_passed": False}, []
+    return dict(quality.measurements["learning"]), [quality]
+
+
+def build_report(store: Store, prepared: str,
+                 among: list[Receipt] | None = None) -> tuple[dict[str, Any], list[Receipt]]:
+    """The report and the receipts it draws on (not verified here: :func:`audit` verifies them first); from the
+    latest receipts in the ledger, or only from ``among``."""
+    pick = _picker(store, prepared, among)
+    contract = pick("contract")
+    if contract is None:
+        raise InputError(f"no contract receipt for prepared {prepared}: contracts are recorded before training")
+    training, t_cited = training_section(pick, contract)
+    recovery, r_cited = recovery_section(store, pick)
+    learning, l_cited = learning_section(pick)
+    serving_approved = False  # serving is not implemented: nothing can approve it
+    learning["serving_approved"] = serving_approved
+    contracts = {
+        "quality": bool(learning.get("quality_contract_passed")),
+        "efficiency": bool(training["efficiency_contract_passed"]),
+        "recovery": bool(recovery.get("all_rank_state_and_trajectory_comparisons_passed")),
+        "serving": serving_approved,
+    }
+    learning["tokens_issued"] = 0 if not all(contracts.values()) else 1
+    report = {
+        "format": AUDIT_FORMAT,
+        "prepared": prepared,
+        "contract": contract.id,
+        "contracts": contracts,
+        "training": training,
+        "recovery": recovery,
+        "learning": learning,
+        "serving": {"status": SERVING_STATUS, "serving_approved": serving_approved},
+    }
+    return report, [contract, *t_cited, *r_cited, *l_cited]
+
+
+# ----------------------------------------------------------------------------------------------- verify
+
+
+def check_audit(ctx: KindCheckContext) -> list[str]:
+    """Rebuild the report from the receipts the audit cites and compare it with the stored report artifact."""
+    r = ctx.receipt
+    if r.measurements.get("format") != AUDIT_FORMAT:
+        return []
+    stored_digest = r.artifacts.get("report")
+    data = ctx.artifacts.get_bytes(stored_digest) if stored_digest else None
+    if data is None:
+        if ctx.require_artifacts:
+            raise VerificationError(f"receipt {r.id}: report artifact {stored_digest} is missing", receipt=r.id,
+                                    field="artifacts.report")
+        return [f"audit {r.id[:19]}: report artifact missing, not rebuilt"]
+    stored = digests.parse_canonical(data)
+    assert r.prepared is not None
+    again, _ = build_report(ctx.store, r.prepared, [ctx.closure[p] for p in r.parents])
+    for section in sorted(set(stored) | set(again)):
+        if digests.canonical_bytes(stored.get(section)) != digests.canonical_bytes(again.get(section)):
+            first = _first_difference(stored.get(section), again.get(section), section)
+            raise ReportMismatch(r.id, first, expected=_at(again, first), actual=_at(stored, first))
+    return [f"audit {r.id[:19]}: report rebuilt from the ledger, every field equal"]
+
+
+def _first_difference(a: Any, b: Any, path: str) -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if digests.canonical_bytes(a.get(k)) != digests.canonical_bytes(b.get(k)):
+                return _first_difference(a.get(k), b.get(k), f"{path}.{k}")
+    return path
+
+
+
+def _at(report: Any, path: str) -> Any:
+    """The value at a dotted path of a report (None where it is absent)."""
+    for key in path.split("."):
+        report = report.get(key) if isinstance(report, dict) else None
+    return report
