@@ -32,7 +32,8 @@ import blake3
 from ledger import digests
 from ledger.digests import prepared_digest
 from ledger.receipts import Receipt, make_receipt
-from ledger.store import BUSY_TIMEOUT_S, Store
+from ledger.database import BUSY_TIMEOUT_S
+from ledger.store import Store
 from verify.receipts import verify_receipt
 
 BATCH = 1000

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -19,17 +19,6 @@ from ledger import digests
 from ledger.errors import DigestMismatch, InputError, MissingArtifact
 
 ENV_ARTIFACTS = "LEDGER_ARTIFACTS"
-
-# How to recompute the digest of a directory artifact (a checkpoint); registered by ledger.state so that this
-# module does not import it (and so plain receipts never pay for it).
-DirectoryDigest = Callable[[Path], str]
-_directory_digest: DirectoryDigest | None = None
-
-
-def register_directory_digest(fn: DirectoryDigest) -> None:
-    global _directory_digest
-    _directory_digest = fn
-
 
 def default_root(db_url: str | None = None) -> Path:
     """``$LEDGER_ARTIFACTS``, else ``artifacts/`` beside an SQLite ledger file, else ``./artifacts``."""
@@ -74,16 +63,6 @@ def path_from_uri(uri: str) -> Path | None:
     if parsed.scheme == "file":
         return Path(unquote(parsed.path))
     return None
-
-
-def recompute(path: Path) -> str:
-    """The digest of what is at ``path``: file bytes, or a directory's state digest."""
-    if path.is_dir():
-        if _directory_digest is None:
-            import ledger.state  # noqa: F401  (registers the checkpoint digest)
-        assert _directory_digest is not None
-        return _directory_digest(path)
-    return digests.file_digest(path)
 
 
 class ArtifactStore:

@@ -178,6 +178,14 @@ class VerificationError(LedgerError):
         self.expected = expected
         self.actual = actual
 
+    @classmethod
+    def at(cls, message: str, *, receipt: str | None, field: str, expected: Any, actual: Any) -> VerificationError:
+        """An error of this type with a message of the caller's, still carrying the receipt, field and both
+        values (subclasses build their own message in ``__init__``; this keeps a more specific one)."""
+        err = cls.__new__(cls)
+        VerificationError.__init__(err, message, receipt=receipt, field=field, expected=expected, actual=actual)
+        return err
+
     def diagnostics(self) -> dict[str, Any]:
         return {
             "error": type(self).__name__,
@@ -246,6 +254,10 @@ class ReportMismatch(VerificationError):
     def __init__(self, receipt: str, field: str, *, expected: Any, actual: Any) -> None:
         super().__init__(f"receipt {receipt}: the report's {field} does not recompute from the ledger",
                          receipt=receipt, field=f"report.{field}", expected=expected, actual=actual)
+
+
+class ReexecutionMismatch(VerificationError):
+    """Re-executing a recorded computation (a model's outputs, a training segment) gave other results."""
 
 
 class RunFailed(LedgerError):

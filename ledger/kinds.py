@@ -6,9 +6,9 @@ is: a member of ``Kind``, its rule in ledger/rules.py, a row here, its check in 
 in docs/receipts.md (docs/architecture.md walks through one).
 
 A schema names the measurement fields a writer must fill, with their JSON types: the fields some reader (a
-verification check, the report) relies on; purely descriptive measurements are not required. Some kinds hold several record
-formats (a ``comparison`` is a recovery rank comparison, a recovery summary or a paired evaluation comparison):
-each format is a :class:`Shape`, told apart by a discriminating field's value.
+verification check, the report) relies on; purely descriptive measurements are not required. Some kinds hold
+several record formats (a ``comparison`` is a recovery rank comparison, a recovery summary or a paired evaluation
+comparison): each format is a :class:`Shape`, told apart by a discriminating field's value.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from sqlalchemy import inspect
 from sqlalchemy.exc import DBAPIError
 
 import migrations
+from ledger.database import display_url, make_engine, schema_revision
 from ledger.errors import DatabaseError, UnknownSchema
 from ledger.models import SCHEMA_HEAD, Base
-from ledger.store import display_url, make_engine, schema_revision
 
 
 def alembic_config(url: str, script_location: str | Path | None = None) -> Config:

@@ -168,7 +168,8 @@ def arm_summary(r: Receipt, parents: list[Receipt]) -> None:
     if arm is not None and arm.identical_replicas:
         models = sorted({p.artifacts.get("model", "") for p in ends})
         if len(models) != 1:
-            raise broken(r, f"the ranks of {arm.name} (synchronized {arm.sync}) ended with different model digests", field="artifacts.model",
+            raise broken(r, f"the ranks of {arm.name} (synchronized {arm.sync}) ended with different model digests",
+                         field="artifacts.model",
                           expected=models[0], actual=models[1:])
     first = min(ends, key=lambda p: p.rank or 0)
     if "model" in r.artifacts and r.artifacts["model"] != first.artifacts.get("model"):

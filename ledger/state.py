@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from ledger import digests
-from ledger.artifacts import atomic_write, register_directory_digest
+from ledger.artifacts import atomic_write
 from ledger.errors import DigestMismatch, InputError, NonCanonical, UnsafeFile
 
 COMPONENTS: Final = ("model", "optimizer", "outer", "rng")
@@ -791,9 +791,7 @@ def verify_checkpoint(
     return state
 
 
-def _directory_digest(path: Path) -> str:
-    return checkpoint_digest(path)
-
-
-register_directory_digest(_directory_digest)
+def recompute(path: Path) -> str:
+    """The digest of the artifact at ``path``: a file's bytes, or a checkpoint directory's state digest."""
+    return checkpoint_digest(path) if path.is_dir() else digests.file_digest(path)
 

@@ -14,13 +14,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from sqlalchemy import Connection, Engine, Select, bindparam, create_engine, event, insert, select, text
+from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from ledger import chain
+from ledger.database import ENV_DB, display_url, make_engine, resolve_url, schema_revision
 from ledger.errors import (
     AmbiguousReceipt,
     ChainBroken,
@@ -35,9 +36,6 @@ from ledger.errors import (
 from ledger.models import KNOWN_REVISIONS, SCHEMA_HEAD, ArtifactRow, LocationRow, ParentRow, ReceiptRow
 from ledger.receipts import Receipt
 
-DEFAULT_DB = "ledger.db"
-ENV_DB = "LEDGER_DB"
-BUSY_TIMEOUT_S = 120.0
 MIN_PREFIX = 4
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 _CHUNK = 500  # bound on bound parameters per IN (...) query
@@ -138,55 +136,6 @@ def _insert(conn: Connection, new: list[Receipt], now: int, seq_of: dict[str, in
         else:
             conn.execute(stmt, [dict(zip(columns, row, strict=True)) for row in index_rows])
     return new_seqs
-
-
-def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
-    """``--db`` value, else ``$LEDGER_DB``, else ``./ledger.db``; a plain path means an SQLite file."""
-    value = os.fspath(db) if db is not None else os.environ.get(ENV_DB) or DEFAULT_DB
-    if "://" in value:
-        return value
-    return f"sqlite:///{Path(value).expanduser().resolve()}"
-
-
-def display_url(url: str) -> str:
-    return url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else re.sub(r"//[^@/]*@", "//***@", url)
-
-
-def make_engine(url: str) -> Engine:
-    """An engine configured for safe concurrent appends (see the module docstring)."""
-    if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S, "isolation_level": None})
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=FULL")
-        cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        write = conn.get_execution_options().get("ledger_write", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
-
-    return engine
-
-
-def schema_revision(engine: Engine) -> str | None:
-    """The Alembic revision stamped in the database, or None for a database without our schema."""
-    with engine.connect() as conn:
-        try:
-            row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
-        except OperationalError:
-            return None
-        except Exception as exc:  # PostgreSQL: undefined table is a ProgrammingError
-            if "alembic_version" in str(exc):
-                return None
-            raise
-    return row[0] if row else None
 
 
 def missing_parent(seq: int) -> str:

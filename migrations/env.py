@@ -7,7 +7,7 @@ from sqlalchemy import Connection
 
 from ledger.errors import DatabaseError
 from ledger.models import Base
-from ledger.store import make_engine
+from ledger.database import make_engine
 
 config = context.config
 target_metadata = Base.metadata

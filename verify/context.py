@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ledger.artifacts import ArtifactStore
-from ledger.errors import InputError, VerificationError
+from ledger.errors import InputError, RecordInvalid, VerificationError
 from ledger.receipts import Receipt
 from ledger.store import Store
 
@@ -60,8 +60,9 @@ def guarded(check: KindCheck) -> KindCheck:
             raise
         except (InputError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             detail = exc.one_line() if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
-            raise VerificationError(f"receipt {ctx.receipt.id}: malformed {ctx.receipt.kind} record: {detail}",
-                                    receipt=ctx.receipt.id, field="measurements") from exc
+            raise RecordInvalid.at(f"receipt {ctx.receipt.id}: malformed {ctx.receipt.kind} record: {detail}",
+                                   receipt=ctx.receipt.id, field="measurements",
+                                   expected=f"a well-formed {ctx.receipt.kind} record", actual=detail) from exc
 
     run.__name__ = getattr(check, "__name__", "check")
     run.__doc__ = check.__doc__

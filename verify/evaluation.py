@@ -23,17 +23,25 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from ledger import digests
 from ledger.artifacts import ArtifactStore
-from ledger.errors import DigestMismatch, InputError, MissingArtifact, VerificationError
+from ledger.errors import (
+    DigestMismatch,
+    InputError,
+    MeasurementMismatch,
+    MissingArtifact,
+    RecordInvalid,
+    ReexecutionMismatch,
+    VerificationError,
+)
+from ledger.experiment.formats import COMPARISON_METHOD, EVAL_FORMAT, QUALITY_FORMAT
 from ledger.receipts import Receipt
 from ledger.store import Store
-from ledger.experiment.formats import COMPARISON_METHOD, EVAL_FORMAT, QUALITY_FORMAT
 from verify import statistics as st
 from verify.context import KindCheckContext, ModelRunner
 
@@ -174,7 +182,7 @@ def _read(store: Store, artifacts: ArtifactStore, r: Receipt, name: str, require
     """Artifact ``name`` of ``r``, digest-checked; None if absent and not required."""
     digest = r.artifacts.get(name)
     if digest is None:
-        raise VerificationError(f"receipt {r.id}: a {r.kind} receipt names its {name} in artifacts.{name}",
+        raise RecordInvalid.at(f"receipt {r.id}: a {r.kind} receipt names its {name} in artifacts.{name}",
                                 receipt=r.id, field=f"artifacts.{name}", expected="a digest", actual=None)
     found = find_bytes(store, artifacts, digest)
     if found is None:
@@ -195,7 +203,8 @@ def _jsonl(data: bytes, r: Receipt, name: str) -> list[Any]:
     try:
         return parse_jsonl(data, source=f"artifact {name} of receipt {r.id}")
     except InputError as exc:
-        raise VerificationError(f"receipt {r.id}: {exc.one_line()}", receipt=r.id, field=f"artifacts.{name}") from exc
+        raise RecordInvalid.at(f"receipt {r.id}: {exc.one_line()}", receipt=r.id, field=f"artifacts.{name}",
+                               expected="canonical JSONL", actual=exc.one_line()) from exc
 
 
 @dataclass
@@ -213,7 +222,7 @@ class EvalInputs:
 def _ancestor(closure: Mapping[str, Receipt], r: Receipt, kind: str) -> Receipt:
     found = [closure[p] for p in r.parents if p in closure and closure[p].kind == kind]
     if len(found) != 1:
-        raise VerificationError(f"receipt {r.id}: expected one {kind} parent, found {len(found)}", receipt=r.id,
+        raise RecordInvalid.at(f"receipt {r.id}: expected one {kind} parent, found {len(found)}", receipt=r.id,
                                 field="parents", expected=1, actual=len(found))
     return found[0]
 
@@ -221,8 +230,8 @@ def _ancestor(closure: Mapping[str, Receipt], r: Receipt, kind: str) -> Receipt:
 def _prepare_of(closure: Mapping[str, Receipt], r: Receipt) -> Receipt:
     found = [p for p in closure.values() if p.kind == "prepare" and p.prepared == r.prepared]
     if len(found) != 1:
-        raise VerificationError(f"receipt {r.id}: its ancestry holds {len(found)} prepare receipts of its prepared "
-                                "digest", receipt=r.id, field="prepared")
+        raise RecordInvalid.at(f"receipt {r.id}: its ancestry holds {len(found)} prepare receipts of its prepared "
+                                "digest", receipt=r.id, field="prepared", expected=1, actual=len(found))
     return found[0]
 
 
@@ -245,8 +254,11 @@ def load_inputs(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Re
     for i, d in enumerate(documents):
         if not isinstance(d, dict) or digests.document_digest({k: d.get(k) for k in digests.DOCUMENT_KEYS}) != d.get(
                 "document"):
-            raise VerificationError(f"receipt {selection.id}: selection document {i} does not recompute its digest",
-                                    receipt=selection.id, field="artifacts.eval_selection")
+            raise RecordInvalid.at(f"receipt {selection.id}: selection document {i} does not recompute its digest",
+                                    receipt=selection.id, field="artifacts.eval_selection",
+                                    expected=d.get("document") if isinstance(d, dict) else "a document record",
+                                    actual=digests.document_digest({k: d.get(k) for k in digests.DOCUMENT_KEYS})
+                                    if isinstance(d, dict) else d)
     return EvalInputs(selection, prepare, documents, _jsonl(parts["retention_probes"], selection, "retention_probes"),
                       CharTokenizer.from_bytes(parts["tokenizer"]), config_from_bytes(parts["config"]))
 
@@ -289,7 +301,7 @@ def check_measurements(r: Receipt, expected: Mapping[str, Any], what: str) -> No
     found = first_difference(dict(expected), dict(r.measurements))
     if found is not None:
         where, exp, act = found
-        raise VerificationError(f"receipt {r.id}: {what}: measurements.{where} recomputes to {exp!r}, the receipt "
+        raise MeasurementMismatch.at(f"receipt {r.id}: {what}: measurements.{where} recomputes to {exp!r}, the receipt "
                                 f"says {act!r}", receipt=r.id, field=f"measurements.{where}", expected=exp, actual=act)
 
 
@@ -329,7 +341,7 @@ def _row_problem(i: int, row: Any, doc: Mapping[str, Any], tok: Any, max_new_tok
 
 def _outcome_error(r: Receipt, i: int, doc: Mapping[str, Any], problem: tuple[str, Any, Any]) -> VerificationError:
     key, exp, act = problem
-    return VerificationError(
+    return RecordInvalid.at(
         f"receipt {r.id}: outcome of document {doc['document']} ({doc['family']}/{doc['variant']}, row {i}): "
         f"{key} should be {exp!r}, the outcomes file says {act!r}",
         receipt=r.id, field=f"outcomes[{doc['document']}].{key}", expected=exp, actual=act)
@@ -350,7 +362,7 @@ def check_eval(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Rec
     needs are missing and not ``require``d."""
     m = r.measurements
     if m.get("format") != EVAL_FORMAT:
-        raise VerificationError(f"receipt {r.id}: eval measurements.format is {m.get('format')!r}, not "
+        raise RecordInvalid.at(f"receipt {r.id}: eval measurements.format is {m.get('format')!r}, not "
                                 f"{EVAL_FORMAT!r}", receipt=r.id, field="measurements.format", expected=EVAL_FORMAT,
                                 actual=m.get("format"))
     _check_source(closure, r)
@@ -361,7 +373,7 @@ def check_eval(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Rec
     cfg = inputs.config.eval
     for key, value in (("max_new_tokens", cfg.max_new_tokens), ("batch_size", cfg.batch_size)):
         if settings.get(key) != value:
-            raise VerificationError(f"receipt {r.id}: eval settings.{key} {settings.get(key)!r} is not the "
+            raise RecordInvalid.at(f"receipt {r.id}: eval settings.{key} {settings.get(key)!r} is not the "
                                     f"pre-registered {value!r}", receipt=r.id, field=f"measurements.settings.{key}",
                                     expected=value, actual=settings.get(key))
     # Rows first, even from a file that no longer hashes to its digest, so that an edited outcome is named by its
@@ -376,14 +388,14 @@ def check_eval(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Rec
     docs = inputs.documents
     for i, doc in enumerate(docs):
         if i >= len(rows):
-            raise VerificationError(f"receipt {r.id}: the outcomes file has no row for document {doc['document']} "
+            raise RecordInvalid.at(f"receipt {r.id}: the outcomes file has no row for document {doc['document']} "
                                     f"(row {i})", receipt=r.id, field=f"outcomes[{doc['document']}]",
                                     expected=len(docs), actual=len(rows))
         problem = _row_problem(i, rows[i], doc, inputs.tokenizer, cfg.max_new_tokens)
         if problem is not None:
             raise _outcome_error(r, i, doc, problem)
     if len(rows) != len(docs):
-        raise VerificationError(f"receipt {r.id}: the outcomes file has {len(rows)} rows for {len(docs)} documents",
+        raise RecordInvalid.at(f"receipt {r.id}: the outcomes file has {len(rows)} rows for {len(docs)} documents",
                                 receipt=r.id, field="artifacts.outcomes", expected=len(docs), actual=len(rows))
     actual = digests.raw_digest(data)
     if actual != digest:
@@ -411,11 +423,11 @@ def _check_source(closure: Mapping[str, Receipt], r: Receipt) -> None:
         ok = source.kind == "train-end" and source.rank == 0 and source.measurements.get("arm") == arm
         expected = f"the rank 0 train-end receipt of arm {arm!r}"
     if not ok:
-        raise VerificationError(f"receipt {r.id}: an eval of {arm!r} must cite {expected}, it cites {source.kind} "
+        raise RecordInvalid.at(f"receipt {r.id}: an eval of {arm!r} must cite {expected}, it cites {source.kind} "
                                 f"{source.id} (rank {source.rank}, arm {source.measurements.get('arm')!r})",
                                 receipt=r.id, field="parents", expected=expected, actual=source.id)
     if r.artifacts.get("state") not in (source.artifacts.get("state"), source.artifacts.get("seed_state")):
-        raise VerificationError(f"receipt {r.id}: artifacts.state is not the state of its model source {source.id}",
+        raise RecordInvalid.at(f"receipt {r.id}: artifacts.state is not the state of its model source {source.id}",
                                 receipt=r.id, field="artifacts.state",
                                 expected=source.artifacts.get("state") or source.artifacts.get("seed_state"),
                                 actual=r.artifacts.get("state"))
@@ -423,7 +435,7 @@ def _check_source(closure: Mapping[str, Receipt], r: Receipt) -> None:
 
 def _check_retention_rows(r: Receipt, rows: list[Any], probes: list[Any], tok: Any) -> None:
     if len(rows) != len(probes):
-        raise VerificationError(f"receipt {r.id}: the retention file has {len(rows)} rows for {len(probes)} probes",
+        raise RecordInvalid.at(f"receipt {r.id}: the retention file has {len(rows)} rows for {len(probes)} probes",
                                 receipt=r.id, field="artifacts.retention", expected=len(probes), actual=len(rows))
     for i, (row, probe) in enumerate(zip(rows, probes, strict=True)):
         expected_tokens = len(tok.encode(probe["text"])) - 1  # predictions scored: every token but the first
@@ -439,7 +451,7 @@ def _check_retention_rows(r: Receipt, rows: list[Any], probes: list[Any], tok: A
         elif type(row["nll"]) is not float or not math.isfinite(row["nll"]) or row["nll"] < 0:
             bad = ("nll", "a finite non-negative float", row["nll"])
         if bad is not None:
-            raise VerificationError(f"receipt {r.id}: retention of probe {probe['document']} (row {i}): {bad[0]} "
+            raise RecordInvalid.at(f"receipt {r.id}: retention of probe {probe['document']} (row {i}): {bad[0]} "
                                     f"should be {bad[1]!r}, the file says {bad[2]!r}", receipt=r.id,
                                     field=f"retention[{probe['document']}].{bad[0]}", expected=bad[1], actual=bad[2])
 
@@ -451,8 +463,10 @@ def _cited_eval(closure: Mapping[str, Receipt], r: Receipt, role: str) -> Receip
     ref = r.measurements.get(role)
     rid = ref.get("eval") if isinstance(ref, dict) else None
     if rid not in r.parents or rid not in closure or closure[rid].kind != "eval":
-        raise VerificationError(f"receipt {r.id}: measurements.{role}.eval must be one of its eval parents",
-                                receipt=r.id, field=f"measurements.{role}.eval", actual=rid)
+        raise RecordInvalid.at(f"receipt {r.id}: measurements.{role}.eval must be one of its eval parents",
+                                receipt=r.id, field=f"measurements.{role}.eval",
+                                expected=sorted(p for p in r.parents if p in closure and closure[p].kind == "eval"),
+                                actual=rid)
     return closure[rid]
 
 
@@ -466,7 +480,7 @@ def check_comparison(store: Store, artifacts: ArtifactStore, closure: Mapping[st
         return True
     base, cand = _cited_eval(closure, r, "baseline"), _cited_eval(closure, r, "candidate")
     if sorted({base.id, cand.id}) != list(r.parents) or base.id == cand.id:
-        raise VerificationError(f"receipt {r.id}: a paired comparison cites exactly its two evals",
+        raise RecordInvalid.at(f"receipt {r.id}: a paired comparison cites exactly its two evals",
                                 receipt=r.id, field="parents", expected=sorted({base.id, cand.id}),
                                 actual=list(r.parents))
     records = {} if records is None else records
@@ -499,26 +513,29 @@ def check_quality(store: Store, artifacts: ArtifactStore, closure: Mapping[str, 
     for c in comparisons:
         m = c.measurements
         if m.get("method") != COMPARISON_METHOD:
-            raise VerificationError(f"receipt {r.id}: comparison {c.id} is not a paired evaluation comparison",
-                                    receipt=r.id, field="parents", actual=c.id)
+            raise RecordInvalid.at(f"receipt {r.id}: comparison {c.id} is not a paired evaluation comparison",
+                                    receipt=r.id, field="parents", expected=COMPARISON_METHOD,
+                                    actual=m.get("method"))
         b_arm, c_arm = m["baseline"]["arm"], m["candidate"]["arm"]
         expected_name = comparison_name(b_arm, c_arm, cm["primary_arm"], cm["baseline_arm"])
         if m.get("comparison") != expected_name:
-            raise VerificationError(f"receipt {r.id}: comparison {c.id} of {c_arm} against {b_arm} is named "
+            raise RecordInvalid.at(f"receipt {r.id}: comparison {c.id} of {c_arm} against {b_arm} is named "
                                     f"{m.get('comparison')!r}, expected {expected_name!r}", receipt=r.id,
                                     field="parents", expected=expected_name, actual=m.get("comparison"))
         if expected_name in names:
-            raise VerificationError(f"receipt {r.id}: two comparisons named {expected_name!r}", receipt=r.id,
-                                    field="parents", actual=expected_name)
+            raise RecordInvalid.at(f"receipt {r.id}: two comparisons named {expected_name!r}", receipt=r.id,
+                                    field="parents", expected=f"one comparison named {expected_name!r}",
+                                    actual=expected_name)
         names.add(expected_name)
         for role, arm in (("baseline", b_arm), ("candidate", c_arm)):
             e = _cited_eval(closure, c, role)
             if e.measurements.get("arm") != arm:
-                raise VerificationError(f"receipt {c.id}: measurements.{role}.arm {arm!r} differs from its eval's "
+                raise RecordInvalid.at(f"receipt {c.id}: measurements.{role}.arm {arm!r} differs from its eval's "
                                         f"{e.measurements.get('arm')!r}", receipt=c.id,
-                                        field=f"measurements.{role}.arm")
+                                        field=f"measurements.{role}.arm", expected=e.measurements.get("arm"),
+                                        actual=arm)
             if evals.setdefault(arm, e).id != e.id:
-                raise VerificationError(f"receipt {r.id}: its comparisons use two different evals of {arm!r}",
+                raise RecordInvalid.at(f"receipt {r.id}: its comparisons use two different evals of {arm!r}",
                                         receipt=r.id, field="parents", expected=evals[arm].id, actual=e.id)
     assert r.prepared is not None
     expected = quality_measurements(contract, comparisons, evals, prepared=r.prepared, selection=str(r.selection))
@@ -625,8 +642,9 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *, run
     settings = r.measurements["settings"]
     tok, docs = inputs.tokenizer, inputs.documents
     if len(rows) != len(docs) or len(retention) != len(inputs.probes):
-        raise VerificationError(f"receipt {r.id}: the outcome files do not cover the selection (run ledger verify)",
-                                receipt=r.id, field="artifacts.outcomes")
+        raise RecordInvalid.at(f"receipt {r.id}: the outcome files do not cover the selection (run ledger verify)",
+                                receipt=r.id, field="artifacts.outcomes",
+                                expected=(len(docs), len(inputs.probes)), actual=(len(rows), len(retention)))
     checkpoint = arts.locate(r.artifacts["state"], store.locations(r.artifacts["state"]), name="checkpoint",
                              directory=True)
     threads = int(settings["threads"])
@@ -650,7 +668,7 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *, run
                 rescored += 1
                 if again != rows[i]:
                     key = next(k for k in sorted(OUTCOME_KEYS) if again[k] != rows[i].get(k))
-                    raise VerificationError(
+                    raise ReexecutionMismatch.at(
                         f"receipt {r.id}: re-scoring document {doc['document']} ({doc['family']}/{doc['variant']}) "
                         f"from checkpoint {checkpoint.name} gives {key} {again[key]!r}, the stored outcome says "
                         f"{rows[i].get(key)!r}", receipt=r.id, field=f"outcomes[{doc['document']}].{key}",
@@ -668,7 +686,7 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *, run
                 max_dev = max(max_dev, dev)
                 if not dev <= NLL_TOLERANCE:
                     probe = inputs.probes[i]
-                    raise VerificationError(
+                    raise ReexecutionMismatch.at(
                         f"receipt {r.id}: re-scoring retention probe {probe['document']} (row {i}) gives NLL "
                         f"{value!r}, the stored value is {stored!r}", receipt=r.id,
                         field=f"retention[{probe['document']}].nll", expected=value, actual=stored)

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ledger import chain, digests
-from ledger.artifacts import ArtifactStore, recompute
-from ledger.errors import DigestMismatch, LedgerError, MissingArtifact, RecordMismatch, VerificationError
+from ledger.artifacts import ArtifactStore
+from ledger.errors import DigestMismatch, LedgerError, MissingArtifact, RecordInvalid, RecordMismatch, VerificationError
 from ledger.models import ReceiptRow
 from ledger.receipts import Receipt
+from ledger.state import recompute
 from ledger.store import ArtifactRef, ParentEdge, Store
 from verify.checks import checks_for
 from verify.context import KindCheckContext, ModelRunner
@@ -72,8 +73,8 @@ def check_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef])
     try:
         receipt = Receipt.from_bytes(body)
     except LedgerError as exc:  # only a forged row can get here: the id matched a non-receipt body
-        raise VerificationError(f"receipt {row.id}: body is not a valid receipt: {exc.one_line()}",
-                                receipt=row.id, field="body") from exc
+        raise RecordInvalid.at(f"receipt {row.id}: body is not a valid receipt: {exc.one_line()}",
+                               receipt=row.id, field="body", expected="a receipt body", actual=exc.one_line()) from exc
     for name in _COLUMNS:
         if getattr(row, name) != getattr(receipt, name):
             raise RecordMismatch(row.id, name, expected=getattr(receipt, name), actual=getattr(row, name))
@@ -236,8 +237,9 @@ def _check_checkpoint(path: Path, r: Receipt, name: str, digest: str, checkpoint
     except VerificationError:
         raise
     except LedgerError as exc:  # unreadable, unsafe or incomplete: the artifact does not verify
-        raise VerificationError(f"receipt {r.id}: artifact {name!r} at {path}: {exc.one_line()}", receipt=r.id,
-                                field=f"artifacts.{name}") from exc
+        raise RecordInvalid.at(f"receipt {r.id}: artifact {name!r} at {path}: {exc.one_line()}", receipt=r.id,
+                               field=f"artifacts.{name}", expected="a complete, safe checkpoint",
+                               actual=exc.one_line()) from exc
     state = checkpoints[path]
     if name in COMPONENTS:  # e.g. artifacts["model"] located at the checkpoint directory
         actual = state.components[name].digest if name in state.components else "absent"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.errors import InputError, LedgerError, MeasurementMismatch, ResumeDivergence, VerificationError
+from ledger.errors import InputError, LedgerError, MeasurementMismatch, ResumeDivergence
 from ledger.experiment.formats import RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
 from ledger.receipts import Receipt
 from ledger.rules import recovery_rank_passed
@@ -162,7 +162,7 @@ def check_recovery_summary(ctx: KindCheckContext) -> list[str]:
     failed = [dict(p.measurements) for p in ranks if p.measurements.get("format") == RANK_FORMAT
               and not rank_passed(dict(p.measurements))]
     if failed or not m.get("all_rank_state_and_trajectory_comparisons_passed"):
-        raise VerificationError(f"receipt {r.id}: not every rank's recovery comparison passed", receipt=r.id,
+        raise ResumeDivergence(f"receipt {r.id}: not every rank's recovery comparison passed", receipt=r.id,
                                 field="measurements.all_rank_state_and_trajectory_comparisons_passed",
                                 expected=True, actual=m.get("all_rank_state_and_trajectory_comparisons_passed"))
     return [f"recovery: {len(ranks)} rank comparison(s) passed after restoring step {m['restore_step']}"]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ledger import digests
-from ledger.errors import InputError, ReportMismatch, VerificationError
+from ledger.errors import InputError, RecordInvalid, ReportMismatch
 from ledger.experiment.config import ARMS
 from ledger.experiment.formats import AUDIT_FORMAT, RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
 from ledger.receipts import Receipt
@@ -158,8 +158,8 @@ def check_audit(ctx: KindCheckContext) -> list[str]:
     data = ctx.artifacts.get_bytes(stored_digest) if stored_digest else None
     if data is None:
         if ctx.require_artifacts:
-            raise VerificationError(f"receipt {r.id}: report artifact {stored_digest} is missing", receipt=r.id,
-                                    field="artifacts.report")
+            raise RecordInvalid.at(f"receipt {r.id}: report artifact {stored_digest} is missing", receipt=r.id,
+                                   field="artifacts.report", expected=stored_digest, actual="missing")
         return [f"audit {r.id[:19]}: report artifact missing, not rebuilt"]
     stored = digests.parse_canonical(data)
     assert r.prepared is not None

@@ -24,7 +24,7 @@ def db_upgrade(
 ) -> None:
     """Upgrade the database schema (creates the database if it does not exist)."""
     from ledger import migrate
-    from ledger.store import display_url, resolve_url
+    from ledger.database import display_url, resolve_url
 
     url = resolve_url(db)
     before = migrate.current(url)
@@ -42,7 +42,7 @@ def db_downgrade(
 ) -> None:
     """Downgrade the schema. Destroys data a newer schema holds: for recovery and tests only."""
     from ledger import migrate
-    from ledger.store import resolve_url
+    from ledger.database import resolve_url
 
     migrate.downgrade(resolve_url(db), revision)
 
@@ -50,8 +50,8 @@ def db_downgrade(
 def db_current(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """Print the database's schema revision and the one this ledger needs."""
     from ledger import migrate
+    from ledger.database import display_url, resolve_url
     from ledger.models import SCHEMA_HEAD
-    from ledger.store import display_url, resolve_url
 
     url = resolve_url(db)
     cur = migrate.current(url)

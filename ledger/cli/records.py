@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
 def init(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """Create a ledger database (or bring an empty one to the current schema)."""
-    from ledger.store import display_url
+    from ledger.database import display_url
 
     store = open_store(db, create=True)
     result = {"db": display_url(store.url), "receipts": store.count()}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ledger import digests, chain
+from ledger import chain, digests
 from ledger.errors import ChainBroken
 from ledger.receipts import Receipt, make_receipt
 from tests.conftest import ReceiptChain, fake_digest

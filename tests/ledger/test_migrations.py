@@ -32,10 +32,11 @@ from typer.testing import CliRunner
 import migrations
 from ledger import migrate
 from ledger.cli import app
+from ledger.database import make_engine, resolve_url
 from ledger.errors import EXIT_DATABASE, DatabaseError, SchemaOutOfDate, UnknownSchema
 from ledger.models import KNOWN_REVISIONS, SCHEMA_HEAD, Base
 from ledger.receipts import Receipt, make_receipt
-from ledger.store import Store, make_engine, resolve_url
+from ledger.store import Store
 from tests.conftest import ReceiptChain
 from verify.receipts import verify_receipt
 

@@ -21,7 +21,6 @@ import pytest
 from safetensors.numpy import save_file
 
 from ledger import digests
-from ledger.artifacts import recompute
 from ledger.errors import DigestMismatch, InputError, StateMismatch, UnsafeFile
 from ledger.state import (
     MANIFEST,
@@ -33,6 +32,7 @@ from ledger.state import (
     hash_buffers,
     read_manifest,
     read_state,
+    recompute,
     scan_checkpoint,
     state_digest,
     tensor_digest,

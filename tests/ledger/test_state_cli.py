@@ -13,9 +13,9 @@ from rich.console import Console
 from typer.testing import CliRunner, Result
 
 from ledger import digests
-from ledger.digests import prepared_digest
 from ledger.cli import app
 from ledger.cli.state import _ProgressBar
+from ledger.digests import prepared_digest
 from ledger.receipts import Receipt, make_receipt
 from ledger.state import SafetensorsFile, read_state
 from ledger.store import Store

@@ -18,18 +18,17 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from ledger.artifacts import ArtifactStore
-from ledger.receipts import Receipt, make_receipt
-from tests.conftest import schema_fill
-from ledger.store import Store
-from ledger.artifacts import read_jsonl
-from runners.checkpoint import save_checkpoint
+from ledger.artifacts import ArtifactStore, read_jsonl
 from ledger.experiment.config import ARMS, ExperimentConfig, config_from_dict
+from ledger.experiment.tasks import Document
+from ledger.experiment.tokenizer import CharTokenizer
+from ledger.receipts import Receipt, make_receipt
+from ledger.store import Store
+from runners.checkpoint import save_checkpoint
 from runners.evaluate import evaluate_experiment, load_inputs, load_model, score, trained_arms
 from runners.prepare import artifact_root, pinned_threads, prepare
 from runners.rng import Rngs
-from ledger.experiment.tasks import Document
-from ledger.experiment.tokenizer import CharTokenizer
+from tests.conftest import schema_fill
 from verify import statistics as st
 
 TINY: dict[str, Any] = {

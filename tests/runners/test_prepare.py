@@ -12,16 +12,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ledger import chain, digests
-from ledger.artifacts import ArtifactStore
+from ledger import digests
+from ledger.artifacts import ArtifactStore, parse_jsonl, read_jsonl
 from ledger.errors import DigestMismatch, InputError
-from ledger.store import Store
 from ledger.experiment import tasks
-from ledger.artifacts import parse_jsonl, read_jsonl
 from ledger.experiment.config import ExperimentConfig, config_from_bytes, config_from_dict, load_config
+from ledger.experiment.tokenizer import CharTokenizer
+from ledger.store import Store
 from runners.model import build_model, param_count, sequence_nll
 from runners.prepare import corpus_text, load_model_weights, load_prepared, load_selection, prepare, run_prepare
-from ledger.experiment.tokenizer import CharTokenizer
 from verify.receipts import verify_receipt
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,14 +15,14 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from ledger import digests
+from ledger.artifacts import jsonl_bytes, read_jsonl
 from ledger.cli import app
-from ledger.errors import RecordInvalid, DigestMismatch, MissingArtifact, VerificationError
+from ledger.errors import DigestMismatch, MissingArtifact, RecordInvalid, VerificationError
+from ledger.experiment.tokenizer import CharTokenizer
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from ledger.artifacts import jsonl_bytes, read_jsonl
-from ledger.experiment.tokenizer import CharTokenizer
-from tests.runners.test_evaluate import Experiment, build_experiment
 from runners.reexecute import TorchModelRunner
+from tests.runners.test_evaluate import Experiment, build_experiment
 from verify import evaluation as ev
 from verify import statistics as st
 from verify.receipts import verify_receipt

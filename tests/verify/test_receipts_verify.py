@@ -18,8 +18,8 @@ from typer.testing import CliRunner, Result
 
 from ledger import digests
 from ledger.artifacts import ArtifactStore, default_root
-from ledger.digests import prepared_digest
 from ledger.cli import app
+from ledger.digests import prepared_digest
 from ledger.errors import ChainBroken, DigestMismatch, MissingArtifact, RecordMismatch, VerificationError
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store, missing_parent
