@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar
 
