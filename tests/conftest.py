@@ -139,3 +139,57 @@ def build_chain(
 def make_chain() -> Callable[..., ReceiptChain]:
     """The chain builder (see :func:`build_chain` for its keyword arguments)."""
     return build_chain
+
+
+# ------------------------------------------------------------------------- one tiny experiment per test session
+
+TINY_CONFIG = Path(__file__).resolve().parents[1] / "examples" / "tiny.toml"
+
+
+@dataclass(frozen=True)
+class TinyExperiment:
+    """A whole experiment (`ledger run experiment` on examples/tiny.toml), trained once per test session.
+
+    Tests that only read it use it as it is; a test that changes anything works on :meth:`copy`, whose ledger's
+    recorded locations point into the copy (locations are a lookup, not part of any receipt)."""
+
+    workdir: Path
+    summary: Mapping[str, Any]
+
+    @property
+    def db(self) -> Path:
+        return self.workdir / "ledger.db"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.workdir / "artifacts"
+
+    def copy(self, dest: Path) -> TinyExperiment:
+        import shutil
+        import sqlite3
+
+        shutil.copytree(self.workdir, dest, symlinks=True)
+        conn = sqlite3.connect(dest / "ledger.db")
+        with conn:
+            conn.execute("UPDATE artifact_locations SET uri = replace(uri, ?, ?)",
+                         (str(self.workdir.resolve()), str(dest.resolve())))
+        conn.close()
+        return TinyExperiment(dest, {**self.summary, "db": str(dest / "ledger.db")})
+
+
+@pytest.fixture(scope="session")
+def tiny_experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyExperiment]:
+    """The session's tiny experiment; read it, or :meth:`TinyExperiment.copy` it before changing anything."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from ledger.cli import app
+
+    with pytest.MonkeyPatch.context() as mp:  # session-scoped: the per-test hermetic env fixture runs too late
+        clear_ledger_env(mp)
+        work = tmp_path_factory.mktemp("tiny-experiment")
+        result = CliRunner().invoke(app, ["run", "experiment", "--workdir", str(work), "--config", str(TINY_CONFIG),
+                                          "--json"])
+        assert result.exit_code == 0, result.output
+        yield TinyExperiment(work, json.loads(result.stdout))

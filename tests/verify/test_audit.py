@@ -13,24 +13,18 @@ from typer.testing import CliRunner
 from ledger.artifacts import ArtifactStore, default_root
 from ledger.cli import app
 from ledger.store import Store
+from tests.conftest import TinyExperiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-
-TINY = (Path(__file__).resolve().parents[2] / "examples" / "tiny.toml").read_text()
 
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def experiment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    work = tmp_path_factory.mktemp("experiment")
-    config = work / "tiny.toml"
-    config.write_text(TINY)
-    result = runner.invoke(app, ["run", "experiment", "--workdir", str(work), "--config", str(config), "--json"])
-    assert result.exit_code == 0, result.output
-    value: dict[str, Any] = json.loads(result.stdout)
-    value["workdir"] = work
-    return value
+def experiment(tiny_experiment: TinyExperiment, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The session's tiny experiment, copied: these tests tamper with it (and put things back)."""
+    exp = tiny_experiment.copy(tmp_path_factory.mktemp("audit") / "experiment")
+    return {**exp.summary, "workdir": exp.workdir, "report": str(exp.workdir / "report.json")}
 
 
 def _db(e: dict[str, Any]) -> str:
