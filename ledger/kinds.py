@@ -161,6 +161,9 @@ KINDS: Final[Mapping[Kind, KindSpec]] = MappingProxyType({
         "the tokens issued for an audited experiment (only when every contract passes)", rules.settlement,
         Schema((Shape({"contracts": dict, "tokens_issued": int, "rule": str},
                       when={"format": "ledger-settlement/1"}),))),
+    Kind.REPORT: KindSpec(
+        "the audit's report rendered as one self-contained HTML page (the page's digest)", rules.report,
+        Schema((Shape({"bytes": int, "log_head": (str, type(None))}, when={"format": "ledger-report-html/1"}),))),
     Kind.NOTE: KindSpec(
         "free-form evidence (examples, operator remarks); no rule beyond the common ones", rules.no_rule, Schema()),
 })

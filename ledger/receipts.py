@@ -45,6 +45,7 @@ class Kind(StrEnum):
     SERVE_PHASE = "serve-phase"  # one serving phase
     AUDIT = "audit"  # the recomputed report
     SETTLEMENT = "settlement"  # tokens issued when the contracts pass
+    REPORT = "report"  # the audit's report rendered as one HTML page
     NOTE = "note"  # free-form evidence (examples, operator remarks); no extra rules
 
 

@@ -231,6 +231,15 @@ def settlement(r: Receipt, parents: list[Receipt]) -> None:
                          actual=r.measurements.get(name))
 
 
+def report(r: Receipt, parents: list[Receipt]) -> None:
+    """A rendered report names the page's digest and renders exactly one audit."""
+    _require(r, "prepared")
+    _one_parent(r, parents, {"audit"}, "audit receipt")
+    if "html" not in r.artifacts:
+        raise broken(r, "a report receipt names its page in artifacts.html", field="artifacts.html",
+                     expected="a digest", actual=None)
+
+
 def no_rule(r: Receipt, parents: list[Receipt]) -> None:
     """Only the rules common to every kind (parents exist, same prepared and selection digests)."""
     return None

@@ -29,6 +29,7 @@ class AuditResult:
     checks: list[str] = field(default_factory=list)
     receipt: Receipt | None = None
     settlement: Receipt | None = None
+    recorded: bool = False  # whether receipt and settlement were appended (else they are what would be)
 
 
 def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *, record: bool = True,
@@ -42,18 +43,20 @@ def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *
             progress(f"verifying {r.kind} {r.id[:19]}")
         checks.extend(verify_receipt(store, r.id, artifacts=artifacts, require_artifacts=True).checks)
     result = AuditResult(report, cited, sorted(set(checks)))
+    # The receipts exist (with their content ids) whether or not they are recorded: a page rendered with
+    # --no-record still names the audit it shows.
+    result.receipt = make_receipt(
+        "audit", run="audit", prepared=digest, parents=cited,
+        artifacts={"report": digests.raw_digest(digests.canonical_bytes(report))},
+        measurements={"format": AUDIT_FORMAT, "contracts": report["contracts"],
+                      "tokens_issued": report["learning"]["tokens_issued"]})
+    result.settlement = make_receipt(
+        "settlement", run="audit", prepared=digest, parents=[result.receipt],
+        measurements={"format": SETTLEMENT_FORMAT, "tokens_issued": report["learning"]["tokens_issued"],
+                      "rule": "tokens are issued only when the quality, efficiency, recovery and serving "
+                              "contracts all pass", "contracts": report["contracts"]})
+    result.recorded = record
     if record:
-        body = digests.canonical_bytes(report)
-        report_digest = artifacts.put_bytes(body)
-        result.receipt = store.append(make_receipt(
-            "audit", run="audit", prepared=digest, parents=cited, artifacts={"report": report_digest},
-            measurements={"format": AUDIT_FORMAT, "contracts": report["contracts"],
-                          "tokens_issued": report["learning"]["tokens_issued"]},
-        )).receipt
-        result.settlement = store.append(make_receipt(
-            "settlement", run="audit", prepared=digest, parents=[result.receipt],
-            measurements={"format": SETTLEMENT_FORMAT, "tokens_issued": report["learning"]["tokens_issued"],
-                          "rule": "tokens are issued only when the quality, efficiency, recovery and serving "
-                                  "contracts all pass", "contracts": report["contracts"]},
-        )).receipt
+        artifacts.put_bytes(digests.canonical_bytes(report))
+        store.append_many([result.receipt, result.settlement])
     return result

@@ -14,7 +14,7 @@ from typing import Final
 
 from ledger.kinds import spec
 from ledger.receipts import Kind
-from verify import evaluation, recovery, report, training
+from verify import evaluation, recovery, report, report_page, training
 from verify.context import KindCheck, KindCheckContext, guarded
 
 
@@ -42,6 +42,7 @@ CHECKS: Final[Mapping[Kind, tuple[KindCheck, ...]]] = MappingProxyType({
     Kind.SERVE_PHASE: (check_schema,),
     Kind.AUDIT: (check_schema, guarded(report.check_audit)),
     Kind.SETTLEMENT: (check_schema,),  # restates its audit: a chain rule
+    Kind.REPORT: (check_schema, guarded(report_page.check_report_page)),
     Kind.NOTE: (check_schema,),
 })
 

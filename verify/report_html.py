@@ -58,12 +58,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from ledger.errors import InputError
+from ledger.experiment.formats import REPORT_HTML_FORMAT
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-REPORT_HTML_FORMAT = "ledger-report-html/1"
 CONTRACTS = ("quality", "efficiency", "recovery", "serving")
 ARM_ORDER = ("seed", "single", "ddp-four", "diloco-four")
 PHASE_ORDER = ("single", "four", "failure")

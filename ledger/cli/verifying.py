@@ -14,6 +14,7 @@ from ledger.cli.common import ArtifactsOpt, DbOpt, JsonOpt, PreparedOpt, artifac
 def register(app: typer.Typer) -> None:
     app.command()(verify)
     app.command()(audit)
+    app.command("report")(report_cmd)
 
 
 def verify(
@@ -76,8 +77,10 @@ def audit(
     if output is not None:
         output.write_text(json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     if json_out:
-        emit_json({"report": report, "audit": result.receipt.id if result.receipt else None,
-                   "settlement": result.settlement.id if result.settlement else None, "checks": result.checks})
+        recorded = result.recorded and result.receipt is not None and result.settlement is not None
+        emit_json({"report": report, "audit": result.receipt.id if recorded else None,  # type: ignore[union-attr]
+                   "settlement": result.settlement.id if recorded else None,  # type: ignore[union-attr]
+                   "checks": result.checks})
         return
     for line in result.checks:
         out.print(f"  {line}")
@@ -97,7 +100,7 @@ def audit(
                   f"p {c['exact_one_sided_p']:.3g}  99% [{c['normal_99pct_lower']:.4f}, {c['normal_99pct_upper']:.4f}]")
     out.print("contracts " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in report["contracts"].items())
               + f"; tokens issued {learning['tokens_issued']}")
-    if result.receipt is not None:
+    if result.recorded and result.receipt is not None:
         out.print(f"audit {result.receipt.id}\nsettlement {result.settlement.id if result.settlement else ''}")
 
 
@@ -108,3 +111,39 @@ def _model_runner(rescore: int) -> Any:
     from runners.reexecute import TorchModelRunner
 
     return TorchModelRunner()
+
+
+def report_cmd(
+    db: DbOpt = None,
+    artifacts: ArtifactsOpt = None,
+    prepared: PreparedOpt = None,
+    out_path: Annotated[Path, typer.Option("--out", help="Where to write the page.")] = Path("report.html"),
+    record: Annotated[bool, typer.Option("--record/--no-record", help="Append audit, settlement and report "
+                                         "receipts (the page's digest).")] = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """Audit the experiment (every receipt verified, the report recomputed) and render the report as one
+    self-contained HTML page; with --record its digest goes into a `report` receipt that `ledger verify` renders
+    again."""
+    from verify.audit import audit as run_audit
+    from verify.report_page import render_page, report_receipt
+
+    store = open_store(db)
+    arts = artifact_store(store.url, artifacts)
+    result = run_audit(store, arts, prepared, record=record)
+    assert result.receipt is not None
+    page = render_page(store, arts, result.receipt, result.report)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_bytes(page)
+    receipt = report_receipt(arts, result.receipt, page)
+    if record:
+        store.append(receipt)
+    value = {"path": str(out_path), "bytes": len(page), "digest": receipt.artifacts["html"],
+             "report_receipt": receipt.id if record else None, "audit": result.receipt.id if record else None,
+             "contracts": result.report["contracts"]}
+    if json_out:
+        emit_json(value)
+    else:
+        out.print(f"report {out_path} ({len(page):,} bytes, {receipt.artifacts['html']})")
+        if record:
+            out.print(f"report receipt {receipt.id} (ledger verify renders it again)")
