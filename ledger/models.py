@@ -12,9 +12,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from ledger.receipts import Receipt
 
 # The Alembic revision this code reads and writes. tests/ledger/test_migrations.py checks it is the only head.
-SCHEMA_HEAD = "0002_seq_keyed_index_rows"
+SCHEMA_HEAD = "0003_receipt_locations"
 # Every revision this code knows, oldest first: a database at one of these but not the head needs an upgrade.
-KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows")
+KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows", "0003_receipt_locations")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -102,3 +102,17 @@ class LocationRow(Base):
     digest: Mapped[str] = mapped_column(String(DIGEST_LEN), primary_key=True)
     uri: Mapped[str] = mapped_column(Text, primary_key=True)
     recorded_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+class ReceiptLocationRow(Base):
+    """Where a receipt says the bytes of its artifact ``name`` are: its own evidence (a checkpoint receipt's own
+    directory). Equal states share one digest, so the digest's other locations may be another run's copies; the
+    verifier re-hashes every location of a digest, and compares runs from each receipt's own locations."""
+
+    __tablename__ = "receipt_locations"
+
+    receipt_seq: Mapped[int] = mapped_column(Integer, ForeignKey("receipts.seq"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    uri: Mapped[str] = mapped_column(Text, primary_key=True)
+
+    __table_args__ = {"sqlite_with_rowid": False}

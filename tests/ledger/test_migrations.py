@@ -43,6 +43,7 @@ from verify.receipts import verify_receipt
 REPO = Path(__file__).resolve().parents[2]
 TEST_REVISION = "0002_test"
 LEDGER_TABLES = set(Base.metadata.tables)
+TABLES_SINCE_0003 = {"receipt_locations"}  # absent from a database at 0001 or 0002
 
 # A throw-away second revision: batch mode with recreate="always" copies, drops and renames `receipts` (what
 # SQLite needs for most ALTERs), the riskiest thing a real migration does to a populated ledger.
@@ -323,7 +324,7 @@ def test_upgrading_an_empty_file_yields_exactly_the_models(tmp_path: Path) -> No
                  "ix_receipt_parents_parent_seq"):
         assert name in reflected_names(url)
     # The edge and artifact rows are one B-tree each on SQLite (their primary key is the whole row).
-    assert without_rowid(path) == {"receipt_parents", "receipt_artifacts"}
+    assert without_rowid(path) == {"receipt_parents", "receipt_artifacts", "receipt_locations"}
 
 
 def test_schema_diff_sees_a_drifted_database(tmp_path: Path) -> None:
@@ -460,7 +461,7 @@ def test_a_database_at_0001_is_refused_and_upgrading_it_keeps_every_receipt(
     assert json.loads(stdout) == {"db": str(path), "from": FIRST, "to": SCHEMA_HEAD}
     assert migrate.schema_diff(url) == [] and reflected_names(url) == model_names()
     assert table_names(url) == LEDGER_TABLES | {"alembic_version"}  # the scratch table is gone
-    assert without_rowid(path) == {"receipt_parents", "receipt_artifacts"}
+    assert without_rowid(path) == {"receipt_parents", "receipt_artifacts", "receipt_locations"}
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
@@ -536,7 +537,7 @@ def test_upgrade_from_0001_refuses_index_rows_that_cite_no_receipt(
         assert code == EXIT_DATABASE and stdout == "", stderr
         assert len(stderr.splitlines()) == 1 and table in stderr and "1 of" in stderr
         assert migrate.current(url) == FIRST
-        assert table_names(url) == LEDGER_TABLES | {"alembic_version"}
+        assert table_names(url) == (LEDGER_TABLES - TABLES_SINCE_0003) | {"alembic_version"}
         assert receipt_rows(url) == before and index_rows(url) == rows
 
 
