@@ -3,37 +3,62 @@
 Writers take the database write lock up front (SQLite ``BEGIN IMMEDIATE``) so several processes appending at once
 neither fork chains nor fail with "database is locked"; readers use plain deferred transactions. The library
 never updates or deletes a receipt row.
+
+Every database failure leaves a public method as a typed :class:`~ledger.errors.DatabaseError` naming the ledger
+(not a SQLAlchemy exception): a file that is not SQLite or is damaged, a read-only ledger asked to append, a full
+disk. A failed append has rolled back: every receipt stored before it is still there.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, text
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from ledger import chain
-from ledger.database import ENV_DB, display_url, make_engine, resolve_url, schema_revision
+from ledger.database import (
+    ENV_DB,
+    display_url,
+    is_readonly_url,
+    make_engine,
+    readonly_url,
+    resolve_url,
+    schema_revision,
+    sqlite_path,
+    writable,
+)
+from ledger.digests import file_kind
 from ledger.errors import (
     AmbiguousReceipt,
     ChainBroken,
     DatabaseError,
     InputError,
     MalformedDigest,
+    MalformedReceipt,
     MissingParents,
     SchemaOutOfDate,
     UnknownReceipt,
     UnknownSchema,
 )
-from ledger.models import KNOWN_REVISIONS, SCHEMA_HEAD, ArtifactRow, LocationRow, ParentRow, ReceiptRow
+from ledger.models import (
+    KNOWN_REVISIONS,
+    SCHEMA_HEAD,
+    ArtifactRow,
+    LocationRow,
+    ParentRow,
+    ReceiptLocationRow,
+    ReceiptRow,
+)
 from ledger.receipts import Receipt
 
 MIN_PREFIX = 4
@@ -164,46 +189,131 @@ class _Unsure(Exception):
 
 @dataclass(frozen=True)
 class Stored:
-    """A receipt as stored: the domain object plus its row metadata."""
+    """A receipt as stored: the domain object plus its row metadata.
+
+    ``new`` is set by :meth:`Store.append_many` on the receipts that call itself stored (at a receipt's first
+    occurrence in the call), so a caller counts its own appends however many writers run at once.
+    """
 
     receipt: Receipt
     seq: int
     recorded_ns: int
+    new: bool = False
+
+
+def _parsed(row: ReceiptRow) -> Stored:
+    """A stored row as a receipt; a body that does not parse is an error naming the receipt (ledger corruption,
+    or a body written by software that did not enforce the limits of receipts.md)."""
+    try:
+        receipt = row.to_receipt()
+    except InputError as exc:
+        raise MalformedReceipt(f"stored body does not parse: {exc.one_line()}", row.id) from exc
+    return Stored(receipt, row.seq, row.recorded_ns)
+
+
+def _parsed_body(rid: str, body: bytes) -> Receipt:
+    try:
+        return Receipt.from_bytes(body)
+    except InputError as exc:
+        raise MalformedReceipt(f"stored body does not parse: {exc.one_line()}", rid) from exc
+
+
+def database_error(url: str, exc: DBAPIError) -> DatabaseError:
+    """One line for a database failure, naming the ledger and, where SQLite says it, what is wrong with it."""
+    where = display_url(url)
+    detail = " ".join(str(exc.orig if exc.orig is not None else exc).split("\n")[0].split())
+    low = detail.lower()
+    if "file is not a database" in low:
+        return DatabaseError(f"cannot read {where}: it is not an SQLite ledger ({detail})")
+    if "malformed" in low:
+        return DatabaseError(f"cannot read {where}: the database file is damaged ({detail}); restore it from a copy")
+    if "disk is full" in low or "no space" in low:
+        return DatabaseError(f"cannot write to {where}: the disk is full ({detail}); nothing of this command was "
+                             f"stored, and everything stored before is intact")
+    if "readonly" in low or "read-only" in low:
+        return DatabaseError(f"cannot write to {where}: it is read-only ({detail})")
+    return DatabaseError(f"database {where}: {detail}")
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _typed_errors(method: Callable[Concatenate[Store, P], T]) -> Callable[Concatenate[Store, P], T]:
+    """Raise a database failure inside ``method`` as a DatabaseError (see :func:`database_error`)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except DBAPIError as exc:
+            raise database_error(self.url, exc) from exc
+
+    return wrapper
 
 
 class Store:
     """An open ledger. Create with :meth:`open`; safe to use from one thread; one per process."""
 
-    def __init__(self, engine: Engine, url: str) -> None:
+    def __init__(self, engine: Engine, url: str, *, readonly: str | None = None) -> None:
         self.engine = engine
         self.url = url
+        self.readonly = readonly  # why this store cannot write (None: it can)
         self._writer = engine.execution_options(ledger_write=True)
 
     # --------------------------------------------------------------------------------------------- open
 
     @classmethod
     def open(cls, db: str | os.PathLike[str] | None = None, *, create: bool = False) -> Store:
-        """Open a ledger, checking its schema revision. ``create`` initialises an empty database."""
+        """Open a ledger, checking its schema revision. ``create`` initialises an empty database.
+
+        An SQLite ledger this process cannot write (file, directory or mount read-only) opens read-only: reads
+        work, appends raise DatabaseError. Relative locations then resolve against the ledger's directory.
+        """
         url = resolve_url(db)
-        if url.startswith("sqlite:///") and not create:
-            path = Path(url.removeprefix("sqlite:///"))
+        connect, readonly = url, None
+        path = sqlite_path(url)
+        if path is not None and (path.exists() or not create):
             if not path.exists():
                 raise DatabaseError(f"no ledger at {path}: run `ledger init` (or pass --db / set {ENV_DB})")
-        engine = make_engine(url)
+            if not path.is_file():
+                raise DatabaseError(f"cannot open {path}: it is {file_kind(path.stat().st_mode)}, not an SQLite "
+                                    f"ledger file")
+            if is_readonly_url(url):
+                readonly = "opened with mode=ro"
+            elif not writable(path):
+                readonly = "the file or its directory is not writable"
+            if readonly is not None:
+                connect = readonly_url(path)
+        engine = make_engine(connect)
         try:
             current = schema_revision(engine)
-        except OperationalError as exc:
-            raise DatabaseError(f"cannot open {display_url(url)}: {exc.orig}") from exc
-        if current is None and create:
-            from ledger.migrate import upgrade  # alembic only when a schema must be created
+            if current is None and create:
+                if readonly is not None:
+                    raise DatabaseError(f"cannot create a ledger in {display_url(url)}: {readonly}")
+                from ledger.migrate import upgrade  # alembic only when a schema must be created
 
-            upgrade(url)
-            current = schema_revision(engine)
+                upgrade(url)
+                current = schema_revision(engine)
+        except DBAPIError as exc:
+            engine.dispose()
+            raise database_error(url, exc) from exc
         if current != SCHEMA_HEAD:
+            engine.dispose()
             if current is None or current in KNOWN_REVISIONS:
                 raise SchemaOutOfDate(display_url(url), current, SCHEMA_HEAD)
             raise UnknownSchema(display_url(url), current, SCHEMA_HEAD)
-        return cls(engine, url)
+        return cls(engine, url, readonly=readonly)
+
+    @property
+    def directory(self) -> Path | None:
+        """The directory of an SQLite ledger file (relative locations resolve against it); None otherwise."""
+        path = sqlite_path(self.url)
+        return path.parent if path is not None else None
+
+    def _check_writable(self) -> None:
+        if self.readonly is not None:
+            raise DatabaseError(f"cannot write to {display_url(self.url)}: opened read-only ({self.readonly})")
 
     def close(self) -> None:
         self.engine.dispose()
@@ -226,11 +336,14 @@ class Store:
         """Append one receipt in its own transaction. Appending an existing id returns the stored one."""
         return self.append_many([receipt], check=check)[0]
 
+    @_typed_errors
     def append_many(self, receipts: Sequence[Receipt], *, check: bool = True) -> list[Stored]:
         """Append receipts atomically (all or none). Parents must be stored already or come earlier here.
 
-        With ``check`` the chain rules run against the parents before anything is written.
+        With ``check`` the chain rules run against the parents before anything is written. Each returned
+        :class:`Stored` says whether this call stored it (``new``) or found it stored already.
         """
+        self._check_writable()
         # First assume none of the given receipts is stored yet, the usual case: that saves looking each one up
         # in the id index (a tenth of a batched append's time). Whatever that assumption could get wrong (an id
         # already stored makes the insert fail; a parent given later or a failed chain rule might be about a
@@ -281,7 +394,7 @@ class Store:
                     elif p in outside:
                         if check:
                             if p not in parsed:
-                                parsed[p] = Receipt.from_bytes(outside[p][1])
+                                parsed[p] = _parsed_body(p, outside[p][1])
                             parents[p] = parsed[p]
                     elif p in given and not careful:  # given later: unless it is stored already, it comes too late
                         raise _Unsure
@@ -302,7 +415,11 @@ class Store:
                 seq_of.update((rid, seq) for rid, (seq, _) in stored.items())
                 new_seqs = _insert(conn, list(batch.values()), now, seq_of)
                 stored.update((rid, (seq, now)) for rid, seq in new_seqs.items())
-            return [Stored(r, *stored[r.id]) for r in receipts]
+            out: list[Stored] = []
+            for r in receipts:
+                out.append(Stored(r, *stored[r.id], new=r.id in batch))
+                batch.pop(r.id, None)  # a receipt given twice is new once
+            return out
 
     @staticmethod
     def _lookup(conn: Connection, ids: Iterable[str], *, with_body: bool) -> dict[str, tuple[int, int, bytes]]:
@@ -327,20 +444,58 @@ class Store:
                 out[row.id] = row
         return out
 
+    @_typed_errors
     def add_location(self, digest: str, uri: str) -> None:
-        """Record where an artifact's bytes can be found (idempotent)."""
+        """Record where an artifact's bytes can be found (idempotent). A relative path is kept as given and read
+        relative to the ledger's directory (see :meth:`locations`)."""
+        self._check_writable()
         with self._write() as session:
             have = session.get(LocationRow, (digest, uri))
             if have is None:
                 session.add(LocationRow(digest=digest, uri=uri, recorded_ns=time.time_ns()))
 
+    @_typed_errors
     def locations(self, digest: str) -> list[str]:
+        """Where the artifact's bytes may be, in the order recorded. A relative path is resolved against the
+        ledger's directory, not the current one, so a ledger moved with its artifacts still finds them."""
         with Session(self.engine) as session:
             stmt = select(LocationRow.uri).where(LocationRow.digest == digest).order_by(LocationRow.recorded_ns)
-            return list(session.scalars(stmt))
+            uris = list(session.scalars(stmt))
+        base = self.directory
+        if base is None:
+            return uris
+        return [str(base / u) if "://" not in u and u and not os.path.isabs(u) else u for u in uris]
+
+    def add_receipt_location(self, rid: str, name: str, uri: str) -> None:
+        """Record where receipt ``rid`` says the bytes of its artifact ``name`` are (idempotent); the receipt must
+        be stored. The digest-keyed location is recorded too, so lookups by digest find it."""
+        with self._write() as session:
+            seq = session.scalar(select(ReceiptRow.seq).where(ReceiptRow.id == rid))
+            if seq is None:
+                raise UnknownReceipt(rid)
+            receipt = Receipt.from_bytes(session.scalar(select(ReceiptRow.body).where(ReceiptRow.seq == seq)))
+            if name not in receipt.artifacts:
+                raise InputError(f"receipt {rid} has no artifact {name!r} to locate")
+            if session.get(ReceiptLocationRow, (seq, name, uri)) is None:
+                session.add(ReceiptLocationRow(receipt_seq=seq, name=name, uri=uri))
+            digest = receipt.artifacts[name]
+            if session.get(LocationRow, (digest, uri)) is None:
+                session.add(LocationRow(digest=digest, uri=uri, recorded_ns=time.time_ns()))
+
+    def receipt_locations(self, rid: str) -> dict[str, list[str]]:
+        """Where receipt ``rid`` says its artifacts' bytes are: artifact name -> locations (empty if none)."""
+        with Session(self.engine) as session:
+            stmt = (select(ReceiptLocationRow.name, ReceiptLocationRow.uri)
+                    .join(ReceiptRow, ReceiptRow.seq == ReceiptLocationRow.receipt_seq)
+                    .where(ReceiptRow.id == rid).order_by(ReceiptLocationRow.name, ReceiptLocationRow.uri))
+            out: dict[str, list[str]] = {}
+            for name, uri in session.execute(stmt):
+                out.setdefault(name, []).append(uri)
+            return out
 
     # -------------------------------------------------------------------------------------------- reads
 
+    @_typed_errors
     def resolve(self, ref: str) -> str:
         """Turn a full id or a unique hex prefix (at least 4 digits) into a full id."""
         ref = ref.strip()
@@ -372,17 +527,19 @@ class Store:
                              else f"no prepare receipt with prepared digest {prepared}")
         return found[-1].receipt.prepared
 
+    @_typed_errors
     def get(self, ref: str) -> Stored:
         """The receipt with this id or unique prefix."""
         rid = self.resolve(ref)
         with Session(self.engine) as session:
-            row = session.scalars(select(ReceiptRow).where(ReceiptRow.id == rid)).one()
-            return Stored(row.to_receipt(), row.seq, row.recorded_ns)
+            return _parsed(session.scalars(select(ReceiptRow).where(ReceiptRow.id == rid)).one())
 
+    @_typed_errors
     def contains(self, rid: str) -> bool:
         with Session(self.engine) as session:
             return session.scalar(select(ReceiptRow.seq).where(ReceiptRow.id == rid)) is not None
 
+    @_typed_errors
     def find(
         self,
         *,
@@ -409,8 +566,9 @@ class Store:
         if limit is not None:
             stmt = stmt.limit(limit)
         with Session(self.engine) as session:
-            return [Stored(row.to_receipt(), row.seq, row.recorded_ns) for row in session.scalars(stmt)]
+            return [_parsed(row) for row in session.scalars(stmt)]
 
+    @_typed_errors
     def count(self) -> int:
         with Session(self.engine) as session:
             return int(session.scalar(text("SELECT count(*) FROM receipts")) or 0)
@@ -422,21 +580,25 @@ class Store:
             session.expunge_all()
             return rows
 
+    @_typed_errors
     def ancestors(self, ref: str) -> list[Stored]:
         """The receipt and all its ancestors, in append order (one recursive query)."""
-        return [Stored(r.to_receipt(), r.seq, r.recorded_ns) for r in self._closure(self.resolve(ref), True)]
+        return [_parsed(r) for r in self._closure(self.resolve(ref), True)]
 
+    @_typed_errors
     def descendants(self, ref: str) -> list[Stored]:
         """The receipt and everything that cites it, directly or not, in append order."""
-        return [Stored(r.to_receipt(), r.seq, r.recorded_ns) for r in self._closure(self.resolve(ref), False)]
+        return [_parsed(r) for r in self._closure(self.resolve(ref), False)]
 
     # ----------------------------------------------------------------------------- raw rows for verify
 
+    @_typed_errors
     def raw_closure(self, rid: str) -> tuple[list[ReceiptRow], list[ParentEdge], list[ArtifactRef]]:
         """Rows of a receipt's ancestry exactly as stored (nothing parsed), for the verifier to re-check."""
         rows = self._closure(rid, True)
         return (rows, *self._index_rows(rows))
 
+    @_typed_errors
     def raw_rows(self, ids: Iterable[str]) -> tuple[list[ReceiptRow], list[ParentEdge], list[ArtifactRef]]:
         """The rows of these receipts (those stored) and their index rows, exactly as stored."""
         with Session(self.engine) as session:
@@ -468,10 +630,13 @@ class Store:
         """Every receipt row in append order, streamed in batches (bounded memory)."""
         last = 0
         while True:
-            with Session(self.engine) as session:
-                stmt = select(ReceiptRow).where(ReceiptRow.seq > last).order_by(ReceiptRow.seq).limit(batch)
-                rows = list(session.scalars(stmt))
-                session.expunge_all()
+            try:  # a generator: the decorator would return before the first query runs
+                with Session(self.engine) as session:
+                    stmt = select(ReceiptRow).where(ReceiptRow.seq > last).order_by(ReceiptRow.seq).limit(batch)
+                    rows = list(session.scalars(stmt))
+                    session.expunge_all()
+            except DBAPIError as exc:
+                raise database_error(self.url, exc) from exc
             if not rows:
                 return
             yield from rows

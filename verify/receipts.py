@@ -8,13 +8,14 @@ be found re-hashes to its digest. Raises a :class:`~ledger.errors.VerificationEr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from ledger import chain, digests
-from ledger.artifacts import ArtifactStore
+from ledger.artifacts import ArtifactStore, path_from_uri
 from ledger.errors import DigestMismatch, LedgerError, MissingArtifact, RecordInvalid, RecordMismatch, VerificationError
 from ledger.models import ReceiptRow
 from ledger.receipts import Receipt
@@ -53,7 +54,8 @@ class VerifyReport:
             "receipts_checked": self.receipts_checked,
             "artifacts_verified": sum(a.status == "verified" for a in self.artifacts),
             "artifacts_missing": [
-                {"receipt": a.receipt, "name": a.name, "digest": a.digest} for a in self.missing
+                {"receipt": a.receipt, "name": a.name, "digest": a.digest, "location": a.location}
+                for a in self.missing
             ],
             "checks": list(self.checks),
         }
@@ -166,7 +168,7 @@ def verify_receipt(
         report.artifacts = check_artifacts(store, ordered, artifacts, progress=progress)
         if require_artifacts and report.missing:
             first = report.missing[0]
-            raise MissingArtifact(first.digest, f"{first.name} of receipt {first.receipt}")
+            raise MissingArtifact(first.digest, f"{first.name} of receipt {first.receipt}", first.location)
     return report
 
 
@@ -176,54 +178,93 @@ def check_artifacts(
     artifacts: ArtifactStore,
     progress: Callable[[str], None] | None = None,
 ) -> list[ArtifactCheck]:
-    """Re-hash every artifact whose bytes can be found; each digest, and each checkpoint directory, is hashed
-    once however often it is cited (a receipt names a checkpoint's state and each of its components)."""
-    seen: dict[str, tuple[ArtifactStatus, str | None]] = {}
+    """Re-hash every copy of every cited artifact: its content-addressed path, every location recorded for its
+    digest, and every location the citing receipt recorded for it (docs/receipts.md section 5.3).
+
+    A copy whose bytes differ fails, named by its path, even when another copy is good; a recorded location that
+    is gone is missing (one :class:`ArtifactCheck` per missing place). Each place is read once per call; a
+    checkpoint directory answers for its state and for every component digest the same receipt names (optimizer,
+    rng, outer, model), which have no locations of their own.
+    """
+    done: dict[tuple[Path, str], None] = {}  # (place, digest) already verified
     checkpoints: dict[Path, Any] = {}  # directory -> recomputed CheckpointState
-    cited: list[tuple[str, str, str]] = []
+    out: list[ArtifactCheck] = []
     for r in receipts:
+        own = store.receipt_locations(r.id)
+        state_dirs: list[Path] = []
         # States first: a checkpoint directory's recomputation also answers for the components it names.
         for name, digest in sorted(r.artifacts.items(), key=lambda kv: (kv[0] not in _STATE_NAMES, kv[0])):
-            cited.append((r.id, name, digest))
-            if digest in seen:
-                continue
             if progress:
                 progress(f"{name} {digest[:19]}")
-            seen[digest] = _check_one(store, r, name, digest, artifacts, checkpoints)
-            where = seen[digest][1]
-            if where is not None and Path(where) in checkpoints and name in _STATE_NAMES:
-                _components_of(r, checkpoints[Path(where)], where, seen)
-    return [ArtifactCheck(rid, name, digest, *seen[digest]) for rid, name, digest in cited]
+            places = _places(artifacts, digest, store.locations(digest), own.get(name, ()))
+            found: list[str] = []
+            for path, recorded in places:
+                if not os.path.lexists(path):
+                    if recorded:  # a place the ledger says holds the bytes, and it does not
+                        out.append(ArtifactCheck(r.id, name, digest, "missing", str(path)))
+                    continue
+                if (path, digest) not in done:
+                    _check_place(path, r, name, digest, checkpoints)
+                    done[(path, digest)] = None
+                found.append(str(path))
+                if name in _STATE_NAMES and path in checkpoints:
+                    state_dirs.append(path)
+            if not found and name not in _STATE_NAMES and _component_of(r, name, digest, state_dirs, checkpoints):
+                found = [str(state_dirs[0])]
+            if found:
+                out.append(ArtifactCheck(r.id, name, digest, "verified", found[0]))
+            elif not any(c.receipt == r.id and c.name == name for c in out):
+                out.append(ArtifactCheck(r.id, name, digest, "missing", None))
+    return out
 
 
 _STATE_NAMES = ("state", "seed_state")
 
 
-def _components_of(r: Receipt, state: Any, where: str, seen: dict[str, tuple[ArtifactStatus, str | None]]) -> None:
-    """Check the component digests ``r`` names against the verified state of its checkpoint."""
-    for name, digest in r.artifacts.items():
-        if name in state.components:
-            actual = state.components[name].digest
-            if actual != digest:
-                raise DigestMismatch(f"component {name!r} of checkpoint {where}", expected=digest, actual=actual,
-                                     receipt=r.id, field=f"artifacts.{name}")
-            seen[digest] = ("verified", where)
-
-
-def _check_one(store: Store, r: Receipt, name: str, digest: str, artifacts: ArtifactStore,
-               checkpoints: dict[Path, Any]) -> tuple[ArtifactStatus, str | None]:
-    for path in artifacts.candidates(digest, store.locations(digest)):
-        if not Path(path).exists():
+def _places(artifacts: ArtifactStore, digest: str, by_digest: Iterable[str],
+            by_receipt: Iterable[str]) -> list[tuple[Path, bool]]:
+    """Every local place an artifact may be, each once: (path, whether the ledger recorded it). Relative
+    locations are relative to the artifact root's parent, the ledger's directory."""
+    out: dict[Path, bool] = {artifacts.path_for(digest): False}
+    for uri in (*by_digest, *by_receipt):
+        p = path_from_uri(uri)
+        if p is None:
             continue
-        if Path(path).is_dir():
-            _check_checkpoint(Path(path), r, name, digest, checkpoints)
-            return "verified", str(path)
-        actual = recompute(Path(path))
+        if not p.is_absolute():
+            p = artifacts.root.parent / p
+        out[p] = True
+    return list(out.items())
+
+
+def _component_of(r: Receipt, name: str, digest: str, state_dirs: list[Path], checkpoints: dict[Path, Any]) -> bool:
+    """Whether ``digest`` (artifact ``name`` of ``r``) is a component of the verified state ``r`` names, in every
+    copy of that state; raises naming the copy where it differs."""
+    matched = False
+    for path in state_dirs:
+        state = checkpoints[path]
+        if name not in state.components:
+            return False
+        actual = state.components[name].digest
         if actual != digest:
-            raise DigestMismatch(f"artifact {name!r} at {path}", expected=digest, actual=actual,
+            raise DigestMismatch(f"component {name!r} of checkpoint {path}", expected=digest, actual=actual,
                                  receipt=r.id, field=f"artifacts.{name}")
-        return "verified", str(path)
-    return "missing", None
+        matched = True
+    return matched
+
+
+def _check_place(path: Path, r: Receipt, name: str, digest: str, checkpoints: dict[Path, Any]) -> None:
+    if path.is_dir():
+        _check_checkpoint(path, r, name, digest, checkpoints)
+        return
+    try:
+        actual = recompute(path)
+    except LedgerError as exc:  # not a regular file, unreadable...: this copy does not verify
+        raise RecordInvalid.at(f"receipt {r.id}: artifact {name!r} at {path}: {exc.one_line()}", receipt=r.id,
+                               field=f"artifacts.{name}", expected="a readable regular file",
+                               actual=exc.one_line()) from exc
+    if actual != digest:
+        raise DigestMismatch(f"artifact {name!r} at {path}", expected=digest, actual=actual,
+                             receipt=r.id, field=f"artifacts.{name}")
 
 
 def _check_checkpoint(path: Path, r: Receipt, name: str, digest: str, checkpoints: dict[Path, Any]) -> None:

@@ -216,7 +216,120 @@ def spec_verify_ledger(db: Path) -> int:
             raise Rejected(f"{rid}: prepared digest")
         if doc["kind"] == "selection" and doc["selection"] != spec_digest("selection", spec_encode(doc["artifacts"])):
             raise Rejected(f"{rid}: selection digest")
+        spec_kind_rule(rid, doc, [docs[p] for p in doc["parents"]])
     return len(docs)
+
+
+STATE_KINDS = ("train-start", "checkpoint", "restore")
+MODEL_KINDS = ("prepare", "checkpoint", "train-end")
+IDENTICAL_REPLICA_ARMS = ("single", "ddp-four")  # section 4.2, arm-summary
+
+
+def spec_kind_rule(rid: str, doc: dict[str, Any], parents: list[dict[str, Any]]) -> None:
+    """Section 4.2, kind by kind, as the page states each rule."""
+    kind, m = doc["kind"], doc["measurements"]
+
+    def needs(*fields: str) -> None:
+        if any(doc[f] is None for f in fields):
+            raise Rejected(f"{rid}: {kind} needs {fields}")
+
+    def one(kinds: tuple[str, ...]) -> dict[str, Any]:
+        found = [p for p in parents if p["kind"] in kinds]
+        if len(found) != 1:
+            raise Rejected(f"{rid}: {kind} cites {len(found)} of {kinds}")
+        return found[0]
+
+    def previous_state(strict_after_checkpoint: bool) -> None:
+        prev = one(STATE_KINDS)
+        if prev["rank"] != doc["rank"] or prev["run"] != doc["run"]:
+            raise Rejected(f"{rid}: previous state of another rank or run")
+        strict = strict_after_checkpoint and prev["kind"] == "checkpoint"
+        if not (doc["step"] > prev["step"] if strict else doc["step"] >= prev["step"]):
+            raise Rejected(f"{rid}: steps must increase")
+
+    def model_source() -> None:
+        src = one(MODEL_KINDS)
+        if "model" not in doc["artifacts"] or src["artifacts"].get("model") != doc["artifacts"]["model"]:
+            raise Rejected(f"{rid}: model differs from its source")
+
+    if kind == "prepare":
+        if doc["rank"] is not None or doc["step"] is not None or doc["selection"] is not None or parents:
+            raise Rejected(f"{rid}: prepare fields")
+    elif kind == "selection":
+        needs("prepared", "selection")
+        one(("prepare",))
+    elif kind in ("contract", "train-start"):
+        needs("prepared", *(("run", "rank", "step") if kind == "train-start" else ()))
+        one(("prepare",))
+    elif kind == "checkpoint":
+        needs("prepared", "run", "rank", "step")
+        previous_state(True)
+        if "state" not in doc["artifacts"]:
+            raise Rejected(f"{rid}: checkpoint without state")
+    elif kind == "train-end":
+        needs("prepared", "run", "rank", "step")
+        previous_state(False)
+    elif kind == "restore":
+        needs("prepared", "run", "rank", "step")
+        ck = one(("checkpoint",))
+        if (ck["step"], ck["rank"], ck["run"]) != (doc["step"], doc["rank"], doc["run"]):
+            raise Rejected(f"{rid}: restore of another step, rank or run")
+        for name in ("state", "config"):
+            if name in doc["artifacts"] and doc["artifacts"][name] != ck["artifacts"].get(name):
+                raise Rejected(f"{rid}: restored {name} of another lineage")
+    elif kind == "eval":
+        needs("prepared", "selection")
+        one(("selection",))
+        model_source()
+    elif kind == "quality":
+        needs("prepared")
+        one(("contract",))
+        if sorted({p["kind"] for p in parents} - {"contract"}) != ["comparison"]:
+            raise Rejected(f"{rid}: quality cites other kinds")
+    elif kind == "replica":
+        needs("prepared")
+        model_source()
+    elif kind == "arm-summary":
+        ends = [p for p in parents if p["kind"] == "train-end" and p["run"] == doc["run"]]
+        if not ends:
+            raise Rejected(f"{rid}: arm summary without train-ends")
+        if m.get("arm") in IDENTICAL_REPLICA_ARMS and len({e["artifacts"].get("model") for e in ends}) != 1:
+            raise Rejected(f"{rid}: ranks of {m.get('arm')} ended with different models")
+        first = min(ends, key=lambda e: e["rank"] or 0)
+        if "model" in doc["artifacts"] and doc["artifacts"]["model"] != first["artifacts"].get("model"):
+            raise Rejected(f"{rid}: summary model is not its lowest rank's")
+    elif kind == "comparison" and m.get("format") == "ledger-recovery-rank/1":
+        for name in ("uninterrupted_receipt", "recovered_receipt"):
+            cited = [p for p in parents if spec_receipt_id(spec_encode(p)) == m.get(name)]
+            if len(cited) != 1 or cited[0]["kind"] != "train-end" or cited[0]["rank"] != m.get("rank"):
+                raise Rejected(f"{rid}: {name} is not a cited train-end of its rank")
+    elif kind == "comparison" and m.get("format") == "ledger-recovery/1":
+        faults = [p for p in parents if p["kind"] == "fault"]
+        ranks = [p for p in parents if p["kind"] == "comparison"
+                 and p["measurements"].get("format") == "ledger-recovery-rank/1"]
+        if len(faults) != 1 or not ranks:
+            raise Rejected(f"{rid}: recovery summary parents")
+        f = faults[0]["measurements"]
+        passed = all(all(p["measurements"][k] for k in ("contents_exactly_equal", "file_hashes_equal",
+                                                          "binding_equal", "trajectory_equal")) for p in ranks)
+        claims = {"killed_rank": f.get("killed_rank"), "last_observed_step_before_kill": f.get("last_observed_step"),
+                  "restore_step": f.get("restore_step"), "failed_group_seconds": f.get("failed_group_seconds"),
+                  "all_rank_state_and_trajectory_comparisons_passed": passed}
+        if any(m.get(k) != v for k, v in claims.items()):
+            raise Rejected(f"{rid}: recovery summary differs from its parents")
+    elif kind == "audit":
+        needs("prepared")
+        one(("contract",))
+    elif kind == "settlement":
+        needs("prepared")
+        audit = one(("audit",))
+        if any(m.get(k) != audit["measurements"].get(k) for k in ("contracts", "tokens_issued")):
+            raise Rejected(f"{rid}: settlement differs from its audit")
+    elif kind == "report":
+        needs("prepared")
+        one(("audit",))
+        if "html" not in doc["artifacts"]:
+            raise Rejected(f"{rid}: report without its page")
 
 
 # ====================================================================================== comparison with ledger
@@ -405,3 +518,38 @@ def test_a_ledger_the_library_wrote(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(Rejected, match="id does not recompute"):
         spec_verify_ledger(db)
+
+
+def test_the_per_kind_rules_agree_with_the_library_on_forgeries(tmp_path: Path) -> None:
+    """Each section 4.2 rule added for tamper cases: the independent verifier and the library's chain rules reject
+    the same forged receipts (a settlement that pays more than its audit, a restore into another run)."""
+    from ledger import chain
+    from ledger.errors import ChainBroken
+
+    c = build_chain()
+    contract = c.contract
+    audit = make_receipt("audit", run="audit", prepared=c.prepared, parents=[contract],
+                         measurements={"format": "ledger-audit/1", "contracts": {"quality": False}, "tokens_issued": 0})
+    honest = make_receipt("settlement", run="audit", prepared=c.prepared, parents=[audit],
+                          measurements={"format": "ledger-settlement/1", "contracts": {"quality": False},
+                                        "tokens_issued": 0, "rule": "r"})
+    forged = make_receipt("settlement", run="audit", prepared=c.prepared, parents=[audit],
+                          measurements={**honest.measurements, "tokens_issued": 9})
+    restore = make_receipt("restore", run="other-run", rank=c.checkpoints[0].rank, step=c.checkpoints[0].step,
+                           prepared=c.prepared, parents=[c.checkpoints[0]])
+    table = {r.id: r for r in [*c.receipts(), audit]}
+    spec_kind_rule(honest.id, honest.to_document(), [audit.to_document()])
+    chain.check_receipt(honest, table)
+    for bad, parent in ((forged, audit), (restore, c.checkpoints[0])):
+        with pytest.raises(Rejected):
+            spec_kind_rule(bad.id, bad.to_document(), [parent.to_document()])
+        with pytest.raises(ChainBroken):
+            chain.check_receipt(bad, table)
+
+
+@pytest.mark.slow
+def test_a_whole_experiment_passes_the_independent_verifier(tiny_experiment: Any) -> None:
+    """The session's tiny experiment (every kind the main job writes) read with sqlite3 only."""
+    count = spec_verify_ledger(tiny_experiment.db)
+    with Store.open(tiny_experiment.db) as store:
+        assert count == store.count() > 150
