@@ -246,10 +246,3 @@ def apply_rng_state(rngs: Rngs, parsed: ParsedRngState, *, where: str = "rng") -
     random.setstate(parsed.global_python)
     return parsed.cursor
 
-
-def restore_rng_state(rngs: Rngs, tensors: dict[str, torch.Tensor], scalars: JSON, *, where: str = "rng") -> int:
-    """Restore ``rngs`` and the global generators exactly from a capture; return the data cursor.
-
-    The capture is checked completely first, so a malformed one raises CheckpointMismatch and changes nothing.
-    """
-    return apply_rng_state(rngs, parse_rng_state(tensors, scalars, where=where), where=where)

@@ -405,16 +405,19 @@ def compare_states(
 
 
 def resolve_checkpoint(store: Store, ref: str) -> CheckpointRef:
-    """The checkpoint directory of a receipt that names a state (``artifacts["state"]``), from its locations."""
+    """The checkpoint directory that is a receipt's own evidence for its state: the location the receipt recorded
+    (``receipt_locations``). Equal states share one digest, so another receipt's copy would prove nothing about this
+    one; only a receipt written before schema 0003, which recorded none, falls back to the digest's locations."""
     stored = store.get(ref)
     r = stored.receipt
     state = r.artifacts.get("state")
     if state is None:
         raise InputError(f"receipt {r.id} ({r.kind}) names no state artifact to compare")
-    uris = store.locations(state)
+    own = store.receipt_locations(r.id).get("state", [])
+    uris = own or store.locations(state)
     for uri in uris:
         p = path_from_uri(uri)
         if p is not None and p.is_dir():
             return CheckpointRef(p, f"{r.kind} {r.id[:19]} ({p})", r.id, state)
-    raise MissingArtifact(state, f"state of receipt {r.id}", ", ".join(uris) or "no recorded location")
-
+    where = ", ".join(uris) or "no recorded location"
+    raise MissingArtifact(state, f"state of receipt {r.id}" + (" (its own checkpoint)" if own else ""), where)

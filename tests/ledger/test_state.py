@@ -1,7 +1,8 @@
-"""Checkpoint state digests read straight from safetensors files, manifests, verification and comparison.
+"""Checkpoint state digests read straight from safetensors files (the torch-free reader of ledger.state), manifests
+and verification. The comparison of two states (verify.state) is tested in tests/verify/test_state.py.
 
-Checkpoints here are built with numpy + safetensors.numpy and hand-written safetensors bytes (for dtypes numpy
-lacks and for damaged files), never with the torch writer, so the verifier is tested against the format alone.
+Checkpoints here are built with numpy + safetensors.numpy and hand-written safetensors bytes (tests/helpers_state.py),
+never with the torch writer, so the reader is tested against the format alone.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import pickle
 import shutil
 import struct
 import subprocess
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from ledger import digests
-from ledger.errors import DigestMismatch, InputError, StateMismatch, UnsafeFile
+from ledger.errors import DigestMismatch, InputError, UnsafeFile
 from ledger.state import (
     MANIFEST,
     PARALLEL_MIN_BYTES,
@@ -39,90 +39,18 @@ from ledger.state import (
     verify_checkpoint,
     write_manifest,
 )
-from verify.state import compare_states, element_bits, element_value, scalar_differences
-
-RNG_SEED = 1234
-
+from tests.helpers_state import (
+    OPT_SCALARS,
+    flip_bit,
+    make_checkpoint,
+    model_tensors,
+    optimizer_tensors,
+    pickle_payloads,
+    raw_safetensors,
+    write_file,
+)
 
 # ----------------------------------------------------------------------------------------------- helpers
-
-
-def raw_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes]], *,
-                    order: list[str] | None = None, metadata: dict[str, str] | None = None) -> Path:
-    """Write a safetensors file by hand: {name: (dtype, shape, raw bytes)}, data laid out in ``order``."""
-    header: dict[str, Any] = {}
-    chunks: list[bytes] = []
-    at = 0
-    for name in order or list(tensors):
-        dtype, shape, data = tensors[name]
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(data)]}
-        chunks.append(data)
-        at += len(data)
-    if metadata is not None:
-        header["__metadata__"] = metadata
-    return write_file(path, json.dumps(header).encode(), b"".join(chunks))
-
-
-def write_file(path: Path, header: bytes, data: bytes, *, length: int | None = None) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(struct.pack("<Q", len(header) if length is None else length) + header + data)
-    return path
-
-
-def model_tensors(seed: int = RNG_SEED) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "embed.weight": rng.standard_normal((8, 4)).astype(np.float32),
-        "layers.0.weight": rng.standard_normal((4, 4)).astype(np.float32),
-        "layers.0.bias": rng.standard_normal(4).astype(np.float16),
-        "layers.1.weight": rng.standard_normal((4, 4)).astype(np.float64),
-        "head.weight": rng.standard_normal((4, 8)).astype(np.float32),
-    }
-
-
-def optimizer_tensors(seed: int = RNG_SEED) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed + 1)
-    out: dict[str, np.ndarray] = {}
-    for i in range(3):
-        out[f"state.{i}.exp_avg"] = rng.standard_normal((4, 4)).astype(np.float32)
-        out[f"state.{i}.exp_avg_sq"] = np.abs(rng.standard_normal((4, 4))).astype(np.float32)
-        out[f"state.{i}.step"] = np.array(7, dtype=np.int64)
-    return out
-
-
-OPT_SCALARS = {"param_groups": [{"lr": 0.001, "betas": [0.9, 0.999], "params": [0, 1, 2]}], "kind": "AdamW"}
-RNG_SCALARS = {"python": {"version": 3, "gauss_next": None}, "cursor": 12}
-
-
-def make_checkpoint(root: Path, *, model: dict[str, np.ndarray] | None = None,
-                    optimizer: dict[str, np.ndarray] | None = None, opt_scalars: dict[str, Any] | None = None,
-                    shards: int = 1, meta: dict[str, Any] | None = None, manifest: bool = True,
-                    metadata: dict[str, str] | None = None) -> Path:
-    """A checkpoint directory: model (optionally sharded), optimizer tensors + scalars, rng (bf16 + scalars)."""
-    root.mkdir(parents=True, exist_ok=True)
-    model = model_tensors() if model is None else model
-    names = sorted(model)
-    if shards == 1:
-        save_file(model, str(root / "model.safetensors"), metadata=metadata)
-    else:
-        for i in range(shards):
-            part = {n: model[n] for n in names[i::shards]}
-            save_file(part, str(root / f"model-{i + 1:05d}-of-{shards:05d}.safetensors"), metadata=metadata)
-    save_file(optimizer_tensors() if optimizer is None else optimizer, str(root / "optimizer.safetensors"))
-    (root / "optimizer.json").write_bytes(digests.canonical_bytes(OPT_SCALARS if opt_scalars is None
-                                                                  else opt_scalars))
-    raw_safetensors(root / "rng.safetensors", {"torch_cpu": ("U8", [16], bytes(range(16))),
-                                               "noise": ("BF16", [3], bytes([0x80, 0x3F, 0, 0x80, 0xC0, 0x7F]))})
-    (root / "rng.json").write_bytes(digests.canonical_bytes(RNG_SCALARS))
-    if manifest:
-        write_manifest(root, meta or {"run": "r", "rank": 0, "step": 5})
-    return root
-
-
-def flip_bit(path: Path, offset: int, bit: int = 0) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 1 << bit
-    path.write_bytes(bytes(data))
 
 
 def rewrite_header(path: Path, edit: Any) -> None:
@@ -348,25 +276,6 @@ def test_a_pickle_header_length_does_not_hide_a_valid_file(tmp_path: Path) -> No
     assert read_state(f).components["model"].tensors[name].data == digests.raw_digest(b"\7")
 
 
-class Marker:
-    """Unpickling this creates the marker file: proof that something was unpickled."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        return (open, (str(self.path), "w"))
-
-
-def pickle_payloads(tmp: Path, marker: Path) -> dict[str, bytes]:
-    plain = pickle.dumps({"weight": Marker(marker)}, protocol=4)
-    zpath = tmp / "torch-like.zip"
-    with zipfile.ZipFile(zpath, "w") as z:  # torch.save's layout: archive/data.pkl inside a zip
-        z.writestr("archive/data.pkl", plain)
-        z.writestr("archive/version", "3\n")
-    return {"pickle": plain, "zip": zpath.read_bytes()}
-
-
 def test_pickle_payload_is_real(tmp_path: Path) -> None:
     """The canary works: unpickling the payload (here, deliberately, in the test) does create the marker."""
     marker = tmp_path / "canary"
@@ -387,7 +296,7 @@ def test_pickle_and_torch_files_are_refused_and_never_unpickled(tmp_path: Path, 
     root = make_checkpoint(tmp_path / "ckpt")
     (root / name).write_bytes(payload)  # replaces model.safetensors, or sits beside it as model.pt
     for call in (lambda: read_state(root), lambda: verify_checkpoint(root), lambda: checkpoint_digest(root),
-                 lambda: compare_states(root, root), lambda: write_manifest(root, {})):
+                 lambda: write_manifest(root, {})):
         with pytest.raises(UnsafeFile, match="is a pickle/torch file; refusing to read it"):
             call()
     assert not marker.exists()
@@ -515,178 +424,12 @@ def test_zero_size_tensors_and_empty_file(tmp_path: Path) -> None:
     assert read_state(empty).components["model"].tensors == {}
 
 
-# --------------------------------------------------------------------------------------------- comparison
-
-
-def test_equal_checkpoints_compare_equal(tmp_path: Path) -> None:
-    a = make_checkpoint(tmp_path / "a")
-    b = make_checkpoint(tmp_path / "b")
-    report = compare_states(a, b)
-    assert report.contents_exactly_equal and report.file_hashes_equal and report.equal
-    assert report.first_difference is None
-    report.check_equal()
-    model = report.components[0]
-    assert model.component == "model" and model.counts_a == model.counts_b and model.counts_a is not None
-    assert model.counts_a["tensors"] == 5
-    doc = report.to_json()
-    assert doc["components"]["optimizer"]["a"] == {"tensors": 9, "tensor_elements": 99, "scalars": 7}
-    # equal contents, other file bytes: contents equal, file hashes not
-    c = make_checkpoint(tmp_path / "c", shards=2)
-    report = compare_states(a, c)
-    assert report.contents_exactly_equal and report.file_hashes_equal is False and not report.equal
-    assert report.first_difference is not None and report.first_difference.kind == "file"
-    assert compare_states(a, c, files=False).file_hashes_equal is None
-    assert compare_states(a, c, files=False).equal
-
-
-def _model_with(name: str, value: np.ndarray) -> dict[str, np.ndarray]:
-    m = model_tensors()
-    m[name] = value
-    return m
-
-
-def test_data_difference_names_component_tensor_index_values_and_bits(tmp_path: Path) -> None:
-    a = make_checkpoint(tmp_path / "a")
-    w = model_tensors()["layers.0.weight"].copy()
-    w[2, 1] = 0.5
-    w[3, 3] = -2.0
-    b = make_checkpoint(tmp_path / "b", model=_model_with("layers.0.weight", w))
-    report = compare_states(a, b)
-    assert not report.contents_exactly_equal and not report.file_hashes_equal
-    d = report.first_difference
-    assert d is not None and (d.kind, d.component, d.tensor, d.index) == ("data", "model", "layers.0.weight", 9)
-    original = float(model_tensors()["layers.0.weight"][2, 1])
-    assert d.a == repr(original) and d.b == "0.5" and d.b_bits == "0x3f000000"
-    assert d.numel == 16 and d.dtype == "F32"
-    assert "model/layers.0.weight: first difference at element 9 of 16 (F32): A" in d.one_line()
-    model = report.components[0]
-    assert not model.equal and model.differing_tensors == 1 and model.scalars_equal
-    assert all(c.equal for c in report.components[1:])
-    with pytest.raises(StateMismatch, match="element 9"):
-        report.check_equal()
-
-
-def test_signed_zero_and_nan_payloads_are_differences(tmp_path: Path) -> None:
-    zeros = np.zeros(4, np.float32)
-    neg = zeros.copy()
-    neg[2] = -0.0
-    assert np.array_equal(zeros, neg)  # equal as values...
-    nan1 = np.array([0x7FC00000, 0x7FC00001], np.uint32).view(np.float32)
-    for (x, y), index, bits in (((zeros, neg), 2, ("0x00000000", "0x80000000")),
-                                ((nan1, nan1[::-1].copy()), 0, ("0x7fc00000", "0x7fc00001"))):
-        a = save_and_state(tmp_path / f"a{index}", x)
-        b = save_and_state(tmp_path / f"b{index}", y)
-        report = compare_states(a, b, files=False)
-        d = report.first_difference
-        assert not report.contents_exactly_equal  # ...but not as bytes
-        assert d is not None and d.index == index and (d.a_bits, d.b_bits) == bits
-
-
-def save_and_state(root: Path, arr: np.ndarray) -> Path:
-    root.mkdir(parents=True)
-    save_file({"x": arr}, str(root / "model.safetensors"))
-    write_manifest(root, {})
-    return root
-
-
-@pytest.mark.parametrize(("dtype", "a", "b", "va", "vb"), [
-    ("BF16", bytes([0x80, 0x3F]), bytes([0x81, 0x3F]), "1.0", "1.0078125"),
-    ("F16", struct.pack("<e", 1.5), struct.pack("<e", -1.5), "1.5", "-1.5"),
-    ("F8_E4M3", bytes([0x38]), bytes([0x7F]), "1.0", "nan"),
-    ("F8_E5M2", bytes([0x3C]), bytes([0x7C]), "1.0", "inf"),
-    ("I64", struct.pack("<q", -3), struct.pack("<q", 3), "-3", "3"),
-    ("U16", struct.pack("<H", 65535), struct.pack("<H", 1), "65535", "1"),
-])
-def test_narrow_dtypes_compare_raw_bytes_and_show_values(tmp_path: Path, dtype: str, a: bytes, b: bytes,
-                                                         va: str, vb: str) -> None:
-    pad = b"\0" * len(a)
-    fa = raw_safetensors(tmp_path / "a" / "model.safetensors", {"t": (dtype, [2], pad + a)})
-    fb = raw_safetensors(tmp_path / "b" / "model.safetensors", {"t": (dtype, [2], pad + b)})
-    d = compare_states(fa, fb).first_difference
-    assert d is not None and d.kind == "data" and d.index == 1 and (d.a, d.b) == (va, vb)
-    assert d.a_bits == element_bits(a) and d.b_bits == element_bits(b)
-
-
-def test_float8_decoding_matches_torch() -> None:
-    torch = pytest.importorskip("torch")
-    raw = bytes(range(256))
-    for dtype, tdtype in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"),
-                          ("F8_E4M3FNUZ", "float8_e4m3fnuz"), ("F8_E5M2FNUZ", "float8_e5m2fnuz")):
-        if not hasattr(torch, tdtype):
-            continue
-        values = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, tdtype)).double().tolist()
-        ours = [element_value(dtype, bytes([i])) for i in range(256)]
-        assert ours == [repr(v) for v in values], dtype
-
-
-@pytest.mark.parametrize("change", ["dtype", "shape", "only-a", "only-b", "component", "scalar"])
-def test_structural_differences_are_named(tmp_path: Path, change: str) -> None:
-    a = make_checkpoint(tmp_path / "a")
-    m = model_tensors()
-    opt = None
-    scal = None
-    if change == "dtype":
-        m["head.weight"] = m["head.weight"].view(np.int32)
-    elif change == "shape":
-        m["head.weight"] = m["head.weight"].reshape(8, 4)
-    elif change == "only-a":
-        del m["head.weight"]
-    elif change == "only-b":
-        m["zzz"] = np.ones(3, np.float32)
-    elif change == "scalar":
-        scal = {**OPT_SCALARS, "param_groups": [{"lr": 0.002, "betas": [0.9, 0.999], "params": [0, 1, 2]}]}
-    b = make_checkpoint(tmp_path / "b", model=m, optimizer=opt, opt_scalars=scal, manifest=change != "component")
-    if change == "component":
-        (b / "rng.safetensors").unlink()
-        (b / "rng.json").unlink()
-        write_manifest(b, {})
-    d = compare_states(a, b).first_difference
-    assert d is not None
-    line = d.one_line()
-    expected = {
-        "dtype": "model/head.weight: dtype differs: A F32[4,8] vs B I32[4,8]",
-        "shape": "model/head.weight: shape differs: A [4,8] vs B [8,4]",
-        "only-a": "model/head.weight: tensor only in A (F32[4,8])",
-        "only-b": "model/zzz: tensor only in B (F32[3])",
-        "component": "component 'rng': only in A",
-        "scalar": "optimizer scalars $.param_groups[0].lr: A 0.001 vs B 0.002",
-    }[change]
-    assert line == expected
-
-
-def test_scalar_differences_respect_types_and_paths() -> None:
-    diffs = list(scalar_differences({"a": 1, "b": [1, 2], "c": {"x y": True}, "d": 0},
-                                    {"a": 1.0, "b": [1], "c": {"x y": 1}, "e": 0}))
-    assert diffs == [("$.a", "1", "1.0"), ("$.b[1]", "2", "absent"), ('$.c["x y"]', "true", "1"),
-                     ("$.d", "0", "absent"), ("$.e", "absent", "0")]
-
-
-def test_locating_is_bounded_and_reads_only_differing_tensors(tmp_path: Path) -> None:
-    a = make_checkpoint(tmp_path / "a")
-    m = {n: v + np.ones_like(v) for n, v in model_tensors().items()}
-    b = make_checkpoint(tmp_path / "b", model=m)
-    report = compare_states(a, b, max_located=2)
-    model = report.components[0]
-    assert model.differing_tensors == 5
-    located = [d for d in model.differences if d.index is not None]
-    assert len(located) == 2 and all(d.index == 0 for d in located)
-    assert "not located" in model.differences[-1].one_line()
-    # lone files compare by tensors even under other file stems
-    fa = raw_safetensors(tmp_path / "x" / "first.safetensors", {"t": ("U8", [1], b"\1")})
-    fb = raw_safetensors(tmp_path / "y" / "second.safetensors", {"t": ("U8", [1], b"\1")})
-    report = compare_states(fa, fb)
-    assert report.contents_exactly_equal and report.components[0].component == "first|second"
-    with pytest.raises(InputError, match="cannot compare"):
-        compare_states(a, fa)
-
-
 def test_mmap_views_are_released(tmp_path: Path) -> None:
     """Files are closed after hashing, so a checkpoint can be deleted or replaced right away (and fds don't leak)."""
     root = make_checkpoint(tmp_path / "c")
     before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     for _ in range(5):
         read_state(root, files=True)
-        compare_states(root, root)
     after = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     assert after <= before
     sf = SafetensorsFile(root / "model.safetensors")

@@ -20,7 +20,7 @@ from ledger.receipts import Receipt, make_receipt
 from ledger.state import SafetensorsFile, read_state
 from ledger.store import Store
 from tests.conftest import fake_digest, schema_fill
-from tests.ledger.test_state import flip_bit, make_checkpoint, model_tensors, pickle_payloads
+from tests.helpers_state import flip_bit, make_checkpoint, model_tensors, pickle_payloads
 
 runner = CliRunner()
 
