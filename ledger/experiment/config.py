@@ -285,8 +285,9 @@ def config_from_json(document: Any) -> ExperimentConfig:
     if document.get("version") != CONFIG_VERSION:
         raise InputError(f"config version {document.get('version')!r}, this code reads {CONFIG_VERSION}")
     config = config_from_dict(document["config"])
-    if config.to_json() != document:
-        raise InputError("config document does not round-trip (missing or defaulted keys)")
+    # Compare bytes, not values: 1 == 1.0 in Python, but an integer where a float belongs is another artifact.
+    if digests.canonical_bytes(config.to_json()) != digests.canonical_bytes(document):
+        raise InputError("config document does not round-trip (missing, defaulted or mistyped keys)")
     return config
 
 

@@ -142,3 +142,21 @@ def test_the_arms_table() -> None:
         ARMS["extra"] = Arm("extra", 2, "none")  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
         ARMS["single"].world = 2  # type: ignore[misc]
+
+
+def test_a_config_artifact_with_an_integer_for_a_float_is_refused() -> None:
+    """``"lr":1`` is not ``"lr":1.0``: its bytes (and digest) differ from the config it would load as."""
+    from ledger import digests
+    from ledger.errors import InputError
+    from ledger.experiment.config import ExperimentConfig, config_from_json
+
+    doc = ExperimentConfig().to_json()
+    config_from_json(doc)
+    doc["config"]["train"]["lr"] = int(doc["config"]["train"]["lr"] * 0) + 1
+    assert type(doc["config"]["train"]["lr"]) is int
+    try:
+        config_from_json(digests.parse_canonical(digests.canonical_bytes(doc)))
+    except InputError as exc:
+        assert "round-trip" in str(exc)
+    else:
+        raise AssertionError("an integer lr was accepted")
