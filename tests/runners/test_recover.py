@@ -19,10 +19,11 @@ from typer.testing import CliRunner, Result
 from ledger import chain
 from ledger.artifacts import path_from_uri
 from ledger.cli import app
-from ledger.errors import ChainBroken
+from ledger.errors import ChainBroken, InputError, LedgerError, RunFailed
 from ledger.receipts import Receipt, make_receipt
 from ledger.state import SafetensorsFile
 from ledger.store import Store
+from runners.recover import plan_recovery
 from runners.train import train_arm
 from tests.conftest import clear_ledger_env
 from verify.recovery import trajectory
@@ -233,6 +234,27 @@ def test_ddp_recovery_every_rank_equals_the_uninterrupted_run(experiment: Experi
     assert "recovery: 4 rank comparison(s) passed after restoring step 4" in result.stdout
 
 
+def test_the_default_arm_is_the_contracts_primary_arm(tmp_path: Path) -> None:
+    """With no --arm, the arm recovered is the prepared config's contract.primary_arm (here not DiLoCo); bad
+    requests are refused before anything is launched."""
+    config = tmp_path / "ddp-primary.toml"
+    config.write_text(TINY + '\n[contract]\nprimary_arm = "ddp-four"\n')
+    result = cli("run", "prepare", "--workdir", tmp_path, "--db", tmp_path / "ledger.db", "--config", config)
+    assert result.exit_code == 0, result.output
+    db = str(tmp_path / "ledger.db")
+    plan = plan_recovery(db)
+    assert (plan.arm, plan.world, plan.kill_rank, plan.last_step) == ("ddp-four", WORLD, 1, 8)
+    assert (plan.base, plan.base_complete, plan.run) == ("recover/ddp-four/uninterrupted", False, "recover/ddp-four")
+    assert plan.kill_after_step == 5  # a little past the first checkpoint (4)
+    assert plan_recovery(db, arm="single", kill_rank=0).arm == "single"
+    with pytest.raises(LedgerError, match=r"--kill-rank 4: arm ddp-four has ranks 0\.\.3"):
+        plan_recovery(db, kill_rank=4)
+    with pytest.raises(LedgerError, match="--kill-after-step 8 must be"):
+        plan_recovery(db, kill_after_step=8)
+    with pytest.raises(InputError, match="unknown arm 'quad'"):
+        plan_recovery(db, arm="quad")
+
+
 # --------------------------------------------------------------------------------- wrong resumes, named
 
 
@@ -311,13 +333,18 @@ def test_restore_from_another_runs_checkpoint_is_refused(experiment: Experiment,
     chain.check_receipt(make_receipt("restore", run=diloco.run, rank=1, step=RESUME, prepared=prepared,
                                      parents=[own], artifacts={"state": own.artifacts["state"]}), {own.id: own})
 
-    # The real thing: the restarted group fails, rank 1 refused by the ledger, the others torn down.
+    # The real thing: the restarted group fails, rank 1 refused by the ledger, the others torn down; the launcher
+    # raises naming the exit codes and the logs.
     mapping = experiment.workdir / "mix-and-match.json"
     mapping.write_text(json.dumps({str(k): (foreign.id if k == 1 else v) for k, v in restore.items()}))
-    result, run = train_arm(experiment.workdir, str(experiment.db), "diloco-four", run=diloco.run,
-                            extra=["--restore", str(mapping)])
-    assert not result.ok and result.returncodes[1] == 1
-    assert result.detect_seconds is not None and result.detect_seconds < 60
+    with pytest.raises(RunFailed) as failed:
+        train_arm(experiment.workdir, str(experiment.db), "diloco-four", run=diloco.run,
+                  extra=["--restore", str(mapping)])
+    run = diloco.run
+    assert failed.value.arm == "diloco-four" and failed.value.returncodes[1] == 1
+    assert failed.value.rank is not None and failed.value.returncodes[failed.value.rank] != 0
+    assert Path(failed.value.logs) == experiment.workdir / "logs" / run.replace("/", "_")
+    assert f"see {failed.value.logs}" in failed.value.one_line()
     logs = rank_logs(experiment, run)
     assert "chain rule broken: a restore continues the run of its checkpoint" in logs[1] and foreign.id in logs[1]
     assert all("runners.train: error" not in logs[r] for r in (0, 2, 3))  # they only lost their peer
@@ -348,9 +375,11 @@ def test_checkpoint_edited_after_its_receipt_is_refused(experiment: Experiment, 
     try:
         mapping = experiment.workdir / "edited.json"
         mapping.write_text(json.dumps(restore, indent=1))
+        # check=False: a group expected to fail returns its result instead of raising.
         result, run = train_arm(experiment.workdir, str(experiment.db), "diloco-four", run=diloco.run,
-                                extra=["--restore", str(mapping)])
+                                extra=["--restore", str(mapping)], check=False)
         assert not result.ok and result.returncodes[1] == 1
+        assert result.detect_seconds is not None and result.detect_seconds < 60
         logs = rank_logs(experiment, run)
         assert f"component 'model' tensor '{tensor}'" in logs[1] and "does not match its manifest" in logs[1]
         assert all("runners.train: error" not in logs[r] for r in (0, 2, 3))
