@@ -3,13 +3,17 @@
 The default artifact directory stores a file under ``<root>/blake3/<2 hex>/<64 hex>``. Other places (a checkpoint
 directory, a copy moved elsewhere, a ``file://`` URI) are recorded as locations in the ledger. The verifier
 re-hashes whatever it finds, so a moved or fetched copy verifies, a wrong copy fails, and an absent one is missing.
+Only regular files are read (ledger.digests.open_regular): a FIFO or a device under an artifact's name is refused.
+
+Files are written readable by everyone the umask allows (0644 by default), not 0600 as ``mkstemp`` would make
+them: artifacts exist to be re-hashed, often by an auditor running as another user.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,15 +23,32 @@ from ledger import digests
 from ledger.errors import DigestMismatch, InputError, MissingArtifact
 
 ENV_ARTIFACTS = "LEDGER_ARTIFACTS"
+FILE_MODE = 0o644  # before the umask, as open(2) would create a file
+
 
 def default_root(db_url: str | None = None) -> Path:
     """``$LEDGER_ARTIFACTS``, else ``artifacts/`` beside an SQLite ledger file, else ``./artifacts``."""
     env = os.environ.get(ENV_ARTIFACTS)
     if env:
         return Path(env)
-    if db_url and db_url.startswith("sqlite:///"):
-        return Path(db_url.removeprefix("sqlite:///")).parent / "artifacts"
+    if db_url:
+        from ledger.database import sqlite_path  # SQLAlchemy only for callers that have a ledger URL
+
+        path = sqlite_path(db_url)
+        if path is not None:
+            return path.parent / "artifacts"
     return Path("artifacts")
+
+
+def _create_temp(directory: Path, name: str) -> tuple[int, Path]:
+    """A new hidden temporary file beside ``name`` in ``directory``, mode FILE_MODE less the umask (``mkstemp``
+    would make it 0600, and the rename would keep that)."""
+    while True:
+        tmp = directory / f".{name}.{secrets.token_hex(8)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE), tmp
+        except FileExistsError:
+            continue
 
 
 def fsync_path(path: Path) -> None:
@@ -42,7 +63,7 @@ def fsync_path(path: Path) -> None:
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one, never a mix."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(path.parent, path.name)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -50,7 +71,7 @@ def atomic_write(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     fsync_path(path.parent)
 
@@ -83,27 +104,29 @@ class ArtifactStore:
         return digest
 
     def put_file(self, src: Path) -> str:
-        """Copy a file in (atomically); returns its digest. An existing identical artifact is kept."""
-        digest = digests.file_digest(src)
-        target = self.path_for(digest)
-        if not target.exists():
+        """Copy a regular file in (atomically); returns its digest. An existing identical artifact is kept."""
+        with os.fdopen(digests.open_regular(src), "rb") as fsrc:  # hashed and copied from one open file
+            digest = digests.fd_digest(fsrc.fileno())
+            target = self.path_for(digest)
+            if target.exists():
+                return digest
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            os.close(fd)
+            fd, tmp = _create_temp(target.parent, target.name)
             try:
-                shutil.copyfile(src, tmp)
-                with open(tmp, "rb+") as f:
+                with os.fdopen(fd, "wb") as f:
+                    shutil.copyfileobj(fsrc, f, 1 << 20)
+                    f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, target)
             except BaseException:
-                Path(tmp).unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)
                 raise
-            fsync_path(target.parent)
+        fsync_path(target.parent)
         return digest
 
     def get_bytes(self, digest: str) -> bytes | None:
         path = self.path_for(digest)
-        return path.read_bytes() if path.exists() else None
+        return digests.read_regular(path, follow_symlinks=False) if os.path.lexists(path) else None
 
     def locate(self, digest: str, recorded: Iterable[str] = (), *, name: str | None = None,
                directory: bool | None = None) -> Path:
@@ -161,7 +184,7 @@ def put_jsonl(store: ArtifactStore, records: Iterable[Any]) -> str:
 def read_artifact(store: ArtifactStore, digest: str, *, locations: Iterable[str] = (), name: str = "") -> bytes:
     """The bytes of artifact ``digest`` (content-addressed path first, then ``locations``), re-hashed."""
     path = store.locate(digest, locations, name=name or None, directory=False)
-    data = path.read_bytes()
+    data = digests.read_regular(path, follow_symlinks=False)  # a copy is a regular file (receipts.md §5.3)
     actual = digests.raw_digest(data)
     if actual != digest:
         raise DigestMismatch(f"artifact {name or digest} at {path}", expected=digest, actual=actual)

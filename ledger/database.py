@@ -1,5 +1,11 @@
 """Database URLs and engines: which database a command means, how it is shown, how writers are made safe, and
-which schema revision it carries. Both the store and the migrations stand on this module."""
+which schema revision it carries. Both the store and the migrations stand on this module.
+
+An SQLite ledger that this process cannot write (a read-only file, directory or mount: an auditor's copy) is
+opened read-only through an SQLite URI (``file:...?mode=ro``). WAL mode needs its ``-shm`` file beside the
+database; in a directory where that cannot be created, ``immutable=1`` reads the file alone, which is exact only
+when no ``-wal`` file holds changes not yet written back (see :func:`readonly_url`).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,13 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote, urlparse
 
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+
+from ledger.errors import DatabaseError
 
 DEFAULT_DB = "ledger.db"
 ENV_DB = "LEDGER_DB"
@@ -24,8 +34,77 @@ def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
     return f"sqlite:///{Path(value).expanduser().resolve()}"
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file of an SQLite URL: ``sqlite:///path`` or the URI form ``sqlite:///file:path?...&uri=true``;
+    None for other databases and in-memory SQLite."""
+    if not url.startswith("sqlite"):
+        return None
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    db = parsed.database
+    if not db or db == ":memory:":
+        return None
+    if _truthy(parsed.query.get("uri")) and db.startswith("file:"):
+        db = unquote(urlparse(db).path)
+        if not db or db == ":memory:":
+            return None
+    return Path(db).expanduser()
+
+
+def is_readonly_url(url: str) -> bool:
+    """Whether an SQLite URI asks for read-only access (``mode=ro`` or ``immutable=1``)."""
+    if not url.startswith("sqlite"):
+        return False
+    try:
+        query = make_url(url).query
+    except ArgumentError:
+        return False
+    return query.get("mode") == "ro" or _truthy(query.get("immutable"))
+
+
+def _truthy(value: Any) -> bool:
+    return isinstance(value, str) and value.lower() in ("1", "true", "yes", "on")
+
+
+def unwritable(path: Path) -> str | None:
+    """Why this process may not write the SQLite ledger file ``path`` (None: it may). Writing needs the file and
+    its directory (WAL's -wal and -shm files live beside it); ``os.access`` says no on a read-only mount too."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "the file system is mounted read-only"
+    except OSError:
+        pass
+    if not os.access(path, os.W_OK):
+        return "the file is not writable by this user"
+    if not os.access(path.parent, os.W_OK):
+        return "its directory is not writable by this user"
+    return None
+
+
+def readonly_url(path: Path) -> str:
+    """An SQLite URI that reads ``path`` without writing anything, or DatabaseError when none can be exact."""
+    query = {"mode": "ro", "uri": "true"}
+    if not os.access(path.parent, os.W_OK):  # SQLite cannot create the -shm file it reads a WAL through
+        wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+        pending = wal.exists() and wal.stat().st_size > 0
+        if not pending:
+            query["immutable"] = "1"  # nothing outside the main file: read it alone, without locks
+        elif not shm.exists():
+            # immutable=1 would silently skip the receipts still in the -wal file
+            raise DatabaseError(f"cannot read {path} in a read-only directory: {wal.name} holds changes not yet "
+                                f"written back and {shm.name} is missing; open it once where it is writable, or "
+                                f"copy the ledger with its -wal file to a writable directory")
+    return URL.create("sqlite", database="file:" + quote(str(path)), query=query).render_as_string(
+        hide_password=False)
+
+
 def display_url(url: str) -> str:
-    return url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else re.sub(r"//[^@/]*@", "//***@", url)
+    path = sqlite_path(url)
+    if path is not None:
+        return str(path)
+    return re.sub(r"//[^@/]*@", "//***@", url)
 
 
 def make_engine(url: str) -> Engine:
@@ -33,12 +112,14 @@ def make_engine(url: str) -> Engine:
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S, "isolation_level": None})
+    readonly = is_readonly_url(url)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=FULL")
+        if not readonly:  # a read-only connection cannot change the journal; a WAL ledger stays WAL
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         cur.close()

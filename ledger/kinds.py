@@ -123,7 +123,8 @@ KINDS: Final[Mapping[Kind, KindSpec]] = MappingProxyType({
         "which checkpoint a rank of a restarted group restored", rules.restore,
         _one(binding=dict, restored_from=str, restored_run=str)),
     Kind.COMPARISON: KindSpec(
-        "uninterrupted vs recovered (per rank, and the summary), or a paired comparison of two evaluations",
+        "uninterrupted vs recovered (per rank, and the summary), a replayed segment, or a paired comparison of two "
+        "evaluations",
         rules.comparison, Schema((
             Shape({"rank": int, "resume_step": int, "uninterrupted_receipt": str, "recovered_receipt": str,
                    "comparisons": dict, "contents_exactly_equal": bool, "file_hashes_equal": bool,
@@ -135,6 +136,8 @@ KINDS: Final[Mapping[Kind, KindSpec]] = MappingProxyType({
                    "all_rank_state_and_trajectory_comparisons_passed": bool, "uninterrupted_run": str,
                    "recovered_run": str, "scope": str},
                   when={"format": "ledger-recovery/1"}),
+            Shape({"run": str, "arm": str, "from_step": int, "to_step": int, "passed": bool, "ranks": list,
+                   "seconds": NUMBER}, when={"format": "ledger-replay/1"}),
             Shape({"comparison": str, "documents": int, "baseline": dict, "candidate": dict, "baseline_correct": int,
                    "candidate_correct": int, "gained": int, "lost": int, "accuracy_gain": NUMBER,
                    "standard_error": NUMBER, "normal_99pct_lower": NUMBER, "normal_99pct_upper": NUMBER,

@@ -17,7 +17,9 @@ Canonical JSON sorts keys, so tensor order, re-saving and sharding never change 
 (plain BLAKE3 of each file) are recorded in the manifest too, but equality of states never depends on them.
 
 Files are validated before a byte of tensor data is touched (see :class:`SafetensorsFile`) and hashed through
-read-only mmap views: memory stays bounded whatever the checkpoint size, and BLAKE3 runs on every core.
+read-only mmap views: memory stays bounded whatever the checkpoint size, and BLAKE3 runs on every core. Only
+regular files are opened (ledger.digests.open_regular), and a checkpoint directory's entries are never followed
+as symbolic links: a FIFO would block a reader and a link could point outside the checkpoint.
 """
 
 from __future__ import annotations
@@ -121,12 +123,13 @@ class SafetensorsFile:
     before anything else. Every violation raises :class:`~ledger.errors.UnsafeFile` naming the file.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> None:
         self.path = Path(path)
+        self._follow = follow_symlinks  # False for a checkpoint directory's entries
         self._mm: mmap.mmap | None = None
         self._base: memoryview | None = None
         self._views: list[memoryview] = []
-        with open(self.path, "rb") as f:
+        with os.fdopen(digests.open_regular(self.path, follow_symlinks=follow_symlinks), "rb") as f:
             self.size = os.fstat(f.fileno()).st_size
             head = f.read(9)
             if len(head) < 8:
@@ -157,6 +160,8 @@ class SafetensorsFile:
             header = json.loads(raw.decode("utf-8"), object_pairs_hook=digests.reject_duplicate_keys)
         except (UnicodeDecodeError, ValueError, NonCanonical) as exc:
             raise self._bad(f"header is not JSON: {exc}") from exc
+        except RecursionError as exc:  # json's C scanner gives up cleanly; nothing after it recurses
+            raise self._bad("header is not a safetensors header: nested too deeply") from exc
         if not isinstance(header, dict):
             raise self._bad("header is not a JSON object")
         metadata = header.pop("__metadata__", {})
@@ -210,7 +215,7 @@ class SafetensorsFile:
 
     def _buffer(self) -> memoryview:
         if self._base is None:
-            with open(self.path, "rb") as f:
+            with os.fdopen(digests.open_regular(self.path, follow_symlinks=self._follow), "rb") as f:
                 if os.fstat(f.fileno()).st_size != self.size:
                     raise self._bad("file changed size while being read")
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -422,11 +427,13 @@ def order_components(names: set[str] | Sequence[str]) -> list[str]:
 
 def _unexpected(root: Path, name: str, why: str) -> UnsafeFile:
     p = root / name
-    try:
-        with open(p, "rb") as f:
-            kind = sniff_pickle(f.read(4))
-    except OSError:
-        kind = None
+    kind = None
+    if why == "file":  # a regular file (scan_checkpoint checked): sniff it, so a pickle is called one
+        try:
+            with os.fdopen(digests.open_regular(p, follow_symlinks=False), "rb") as f:
+                kind = sniff_pickle(f.read(4))
+        except (OSError, UnsafeFile):
+            kind = None
     if kind:
         return _refuse_pickle(p, kind)
     return UnsafeFile(str(p), f"unexpected {why} in a checkpoint directory (expected manifest.json and, for "
@@ -434,8 +441,25 @@ def _unexpected(root: Path, name: str, why: str) -> UnsafeFile:
                               f"<component>-NNNNN-of-NNNNN.safetensors)")
 
 
+def _not_regular_entry(root: Path, entry: os.DirEntry[str]) -> UnsafeFile:
+    """A checkpoint entry that is not a regular file, named with what it is (never opened: a FIFO would block)."""
+    p = root / entry.name
+    if entry.is_symlink():
+        try:
+            target = f" (to {os.readlink(p)})"
+        except OSError:
+            target = ""
+        return UnsafeFile(str(p), f"is a symbolic link{target}; a checkpoint directory holds only regular files: "
+                                  f"refusing to follow it")
+    if entry.is_dir(follow_symlinks=False):
+        return _unexpected(root, entry.name, "directory")
+    kind = digests.file_kind(entry.stat(follow_symlinks=False).st_mode)
+    return UnsafeFile(str(p), f"is {kind}, not a regular file; a checkpoint directory holds only regular files")
+
+
 def scan_checkpoint(path: str | os.PathLike[str], *, require_manifest: bool = True) -> Layout:
-    """Classify a checkpoint directory's files; any other entry (or a missing manifest) is an error."""
+    """Classify a checkpoint directory's files; any other entry (a symbolic link, a FIFO, a directory, a file of
+    another name) or a missing manifest is an error."""
     root = Path(path)
     if not root.is_dir():
         raise InputError(f"{root}: not a checkpoint directory")
@@ -445,8 +469,8 @@ def scan_checkpoint(path: str | os.PathLike[str], *, require_manifest: bool = Tr
     has_manifest = False
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         name = entry.name
-        if not entry.is_file():
-            raise _unexpected(root, name, "directory or special file")
+        if not entry.is_file(follow_symlinks=False):
+            raise _not_regular_entry(root, entry)
         if name == MANIFEST:
             has_manifest = True
             continue
@@ -493,7 +517,7 @@ def component_of_file(path: Path) -> str:
 
 
 def _read_scalars(path: Path) -> tuple[bytes, dict[str, Any]]:
-    data = path.read_bytes()
+    data = digests.read_regular(path, follow_symlinks=False)
     kind = sniff_pickle(data[:4])
     if kind:
         raise _refuse_pickle(path, kind)
@@ -535,7 +559,7 @@ def _open(path: Path, require_manifest: bool) -> _Opened:
                 opened.manifest = read_manifest(path)
             for comp, names in layout.tensor_files.items():
                 for name in names:
-                    opened.files[name] = SafetensorsFile(path / name)
+                    opened.files[name] = SafetensorsFile(path / name, follow_symlinks=False)
                     opened.owner[name] = comp
             for comp, name in layout.scalar_files.items():
                 raw, value = _read_scalars(path / name)
@@ -549,7 +573,7 @@ def _open(path: Path, require_manifest: bool) -> _Opened:
     # A lone file: refuse pickles whatever the extension (SafetensorsFile sniffs .safetensors files itself, where
     # a valid header length may begin like a pickle), and anything else not named .safetensors.
     if path.suffix != ".safetensors":
-        with open(path, "rb") as f:
+        with os.fdopen(digests.open_regular(path), "rb") as f:  # a FIFO or a device is refused unopened
             kind = sniff_pickle(f.read(4))
         if kind:
             raise _refuse_pickle(path, kind)
@@ -719,10 +743,10 @@ def write_manifest(path: str | os.PathLike[str], meta: Mapping[str, Any],
 def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Parse and validate a checkpoint directory's ``manifest.json`` (canonical JSON)."""
     p = Path(path) / MANIFEST
-    if not p.is_file():
+    if not os.path.lexists(p):  # anything else there (a FIFO, a link) is refused by read_regular, unread
         raise UnsafeFile(str(Path(path)), f"no {MANIFEST}: an incomplete checkpoint is never taken as valid")
     try:
-        doc = digests.parse_canonical(p.read_bytes())
+        doc = digests.parse_canonical(digests.read_regular(p, follow_symlinks=False))
     except NonCanonical as exc:
         raise UnsafeFile(str(p), exc.detail) from exc
     return Manifest.from_json(doc, str(p))
@@ -792,6 +816,7 @@ def verify_checkpoint(
 
 
 def recompute(path: Path) -> str:
-    """The digest of the artifact at ``path``: a file's bytes, or a checkpoint directory's state digest."""
-    return checkpoint_digest(path) if path.is_dir() else digests.file_digest(path)
+    """The digest of the artifact at ``path``: a file's bytes, or a checkpoint directory's state digest. A file
+    copy must be a regular file itself (receipts.md §5.3): a symbolic link, a FIFO or a device is refused."""
+    return checkpoint_digest(path) if path.is_dir() else digests.file_digest(path, follow_symlinks=False)
 

@@ -15,7 +15,7 @@ import functools
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,7 @@ from ledger.database import (
     resolve_url,
     schema_revision,
     sqlite_path,
-    writable,
+    unwritable,
 )
 from ledger.digests import file_kind
 from ledger.errors import (
@@ -227,11 +227,13 @@ def database_error(url: str, exc: DBAPIError) -> DatabaseError:
         return DatabaseError(f"cannot read {where}: it is not an SQLite ledger ({detail})")
     if "malformed" in low:
         return DatabaseError(f"cannot read {where}: the database file is damaged ({detail}); restore it from a copy")
-    if "disk is full" in low or "no space" in low:
-        return DatabaseError(f"cannot write to {where}: the disk is full ({detail}); nothing of this command was "
-                             f"stored, and everything stored before is intact")
+    if "disk is full" in low or "no space" in low:  # SQLite rolled the transaction back
+        return DatabaseError(f"cannot write to {where}: the disk is full ({detail}); nothing was written, and "
+                             f"everything stored before is intact")
     if "readonly" in low or "read-only" in low:
         return DatabaseError(f"cannot write to {where}: it is read-only ({detail})")
+    if "disk i/o error" in low:  # e.g. no room left to create the -shm file WAL reads through
+        return DatabaseError(f"cannot use {where}: {detail}; is its disk full or failing?")
     return DatabaseError(f"database {where}: {detail}")
 
 
@@ -260,6 +262,8 @@ class Store:
         self.url = url
         self.readonly = readonly  # why this store cannot write (None: it can)
         self._writer = engine.execution_options(ledger_write=True)
+        path = sqlite_path(url)
+        self._directory = path.parent if path is not None else None
 
     # --------------------------------------------------------------------------------------------- open
 
@@ -279,10 +283,7 @@ class Store:
             if not path.is_file():
                 raise DatabaseError(f"cannot open {path}: it is {file_kind(path.stat().st_mode)}, not an SQLite "
                                     f"ledger file")
-            if is_readonly_url(url):
-                readonly = "opened with mode=ro"
-            elif not writable(path):
-                readonly = "the file or its directory is not writable"
+            readonly = "the URL asks for mode=ro" if is_readonly_url(url) else unwritable(path)
             if readonly is not None:
                 connect = readonly_url(path)
         engine = make_engine(connect)
@@ -308,8 +309,7 @@ class Store:
     @property
     def directory(self) -> Path | None:
         """The directory of an SQLite ledger file (relative locations resolve against it); None otherwise."""
-        path = sqlite_path(self.url)
-        return path.parent if path is not None else None
+        return self._directory
 
     def _check_writable(self) -> None:
         if self.readonly is not None:
@@ -460,37 +460,57 @@ class Store:
         ledger's directory, not the current one, so a ledger moved with its artifacts still finds them."""
         with Session(self.engine) as session:
             stmt = select(LocationRow.uri).where(LocationRow.digest == digest).order_by(LocationRow.recorded_ns)
-            uris = list(session.scalars(stmt))
-        base = self.directory
-        if base is None:
-            return uris
-        return [str(base / u) if "://" not in u and u and not os.path.isabs(u) else u for u in uris]
+            return [self._resolved(u) for u in session.scalars(stmt)]
 
-    def add_receipt_location(self, rid: str, name: str, uri: str) -> None:
-        """Record where receipt ``rid`` says the bytes of its artifact ``name`` are (idempotent); the receipt must
-        be stored. The digest-keyed location is recorded too, so lookups by digest find it."""
+    def _resolved(self, uri: str) -> str:
+        """A recorded location with a relative path made relative to the ledger's directory."""
+        base = self.directory
+        if base is None or not uri or "://" in uri or os.path.isabs(uri):
+            return uri
+        return str(base / uri)
+
+    @_typed_errors
+    def add_receipt_locations(self, rid: str, places: Mapping[str, str]) -> None:
+        """Record where receipt ``rid`` says the bytes of its artifacts are (artifact name -> location), in one
+        transaction (idempotent); the receipt must be stored. Each place is recorded under the digest too, so
+        lookups by digest find it."""
         with self._write() as session:
-            seq = session.scalar(select(ReceiptRow.seq).where(ReceiptRow.id == rid))
-            if seq is None:
+            row = session.execute(select(ReceiptRow.seq, ReceiptRow.body).where(ReceiptRow.id == rid)).first()
+            if row is None:
                 raise UnknownReceipt(rid)
-            receipt = Receipt.from_bytes(session.scalar(select(ReceiptRow.body).where(ReceiptRow.seq == seq)))
-            if name not in receipt.artifacts:
-                raise InputError(f"receipt {rid} has no artifact {name!r} to locate")
-            if session.get(ReceiptLocationRow, (seq, name, uri)) is None:
-                session.add(ReceiptLocationRow(receipt_seq=seq, name=name, uri=uri))
-            digest = receipt.artifacts[name]
-            if session.get(LocationRow, (digest, uri)) is None:
-                session.add(LocationRow(digest=digest, uri=uri, recorded_ns=time.time_ns()))
+            seq, body = row
+            receipt = Receipt.from_bytes(bytes(body))
+            for name, uri in sorted(places.items()):
+                if name not in receipt.artifacts:
+                    raise InputError(f"receipt {rid} has no artifact {name!r} to locate")
+                if session.get(ReceiptLocationRow, (seq, name, uri)) is None:
+                    session.add(ReceiptLocationRow(receipt_seq=seq, name=name, uri=uri))
+                digest = receipt.artifacts[name]
+                if session.get(LocationRow, (digest, uri)) is None:
+                    session.add(LocationRow(digest=digest, uri=uri, recorded_ns=time.time_ns()))
+
+    def evidence_locations(self, rid: str, name: str, digest: str) -> list[str]:
+        """Where to read receipt ``rid``'s artifact ``name`` (of ``digest``) from: the receipt's own locations,
+        else (a receipt written before schema 0003) every location of the digest."""
+        return self.receipt_locations(rid).get(name) or self.locations(digest)
+
+    def location_owners(self, uri: str) -> list[str]:
+        """The receipts that recorded ``uri`` as their own evidence (receipt locations), in append order."""
+        with Session(self.engine) as session:
+            stmt = (select(ReceiptRow.id).join(ReceiptLocationRow, ReceiptRow.seq == ReceiptLocationRow.receipt_seq)
+                    .where(ReceiptLocationRow.uri == uri).order_by(ReceiptRow.seq).distinct())
+            return list(session.scalars(stmt))
 
     def receipt_locations(self, rid: str) -> dict[str, list[str]]:
-        """Where receipt ``rid`` says its artifacts' bytes are: artifact name -> locations (empty if none)."""
+        """Where receipt ``rid`` says its artifacts' bytes are: artifact name -> locations (empty if none); relative
+        paths resolved as in :meth:`locations`."""
         with Session(self.engine) as session:
             stmt = (select(ReceiptLocationRow.name, ReceiptLocationRow.uri)
                     .join(ReceiptRow, ReceiptRow.seq == ReceiptLocationRow.receipt_seq)
                     .where(ReceiptRow.id == rid).order_by(ReceiptLocationRow.name, ReceiptLocationRow.uri))
             out: dict[str, list[str]] = {}
             for name, uri in session.execute(stmt):
-                out.setdefault(name, []).append(uri)
+                out.setdefault(name, []).append(self._resolved(uri))
             return out
 
     # -------------------------------------------------------------------------------------------- reads

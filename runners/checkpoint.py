@@ -116,6 +116,7 @@ def _storable(tensors: Mapping[str, torch.Tensor], what: str) -> dict[str, torch
 
 def _write_tensors(path: Path, tensors: Mapping[str, torch.Tensor], what: str) -> None:
     save_file(_storable(tensors, what), str(path))
+    os.chmod(path, 0o644)  # safetensors creates its files 0600; a verifier running as another user must read them
     fsync_path(path)
 
 

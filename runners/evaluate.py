@@ -27,15 +27,14 @@ from typing import Any
 
 import torch
 
-from ledger.artifacts import ArtifactStore
-from ledger.errors import InputError, MissingArtifact
+from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_jsonl
+from ledger.errors import InputError
+from ledger.experiment.config import ARMS, ExperimentConfig, config_from_bytes, single_rank_arm
+from ledger.experiment.tokenizer import CharTokenizer
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from ledger.artifacts import put_jsonl, read_artifact, read_jsonl
-from ledger.experiment.config import ARMS, ExperimentConfig, config_from_bytes
 from runners.model import CausalLM, TinyLM, build_model, greedy_generate, sequence_nll
 from runners.prepare import artifact_root, pinned_threads
-from ledger.experiment.tokenizer import CharTokenizer
 from verify import evaluation as ev
 from verify import statistics as st
 
@@ -149,13 +148,6 @@ def trained_arms(store: Store, prepared: str) -> dict[str, Receipt]:
     return out
 
 
-def _checkpoint_dir(store: Store, artifacts: ArtifactStore, state: str) -> Path:
-    for path in artifacts.candidates(state, store.locations(state)):
-        if Path(path).is_dir():
-            return Path(path)
-    raise MissingArtifact(state, "checkpoint", str(artifacts.root))
-
-
 def load_model(checkpoint: Path, config: ExperimentConfig, vocab_size: int, *, state: str, model: str,
                receipt: str | None = None) -> TinyLM:
     """The model of a checkpoint directory, after verifying every file against its manifest and the state and
@@ -205,7 +197,9 @@ def evaluate_model(store: Store, inputs: EvalInputs, arm: str, source: Receipt, 
             if source.id in r.parents and r.measurements.get("settings") == want and r.measurements.get("arm") == arm:
                 return r, None
     state = source.artifacts["seed_state"] if source.kind == "prepare" else source.artifacts["state"]
-    checkpoint = _checkpoint_dir(store, inputs.artifacts, state)
+    name = "seed_state" if source.kind == "prepare" else "state"
+    checkpoint = inputs.artifacts.locate(state, store.evidence_locations(source.id, name, state), name=name,
+                                         directory=True)
     model_digest = source.artifacts["model"]
     with pinned_threads(threads):
         model = load_model(checkpoint, inputs.config, inputs.tokenizer.vocab_size, state=state, model=model_digest,
@@ -322,7 +316,7 @@ def evaluate_experiment(store: Store, artifacts: ArtifactStore, *, prepared: str
     pairs: list[tuple[str, str]] = [(st.SEED, arm) for arm in ARMS if arm in evals]
     primary = inputs.contract.measurements["primary_arm"] if inputs.contract else inputs.config.contract.primary_arm
     baseline = inputs.contract.measurements["baseline_arm"] if inputs.contract else inputs.config.contract.baseline_arm
-    pairs += [(baseline, primary), ("single", primary)]
+    pairs += [(baseline, primary), (single_rank_arm(), primary)]
     for b, c in pairs:
         name = ev.comparison_name(b, c, primary, baseline)
         if name is None or b not in evals or c not in evals or name in comparisons:

@@ -38,15 +38,14 @@ import torch
 import torch.nn.functional as F
 
 from ledger import digests
-from ledger.artifacts import ArtifactStore, path_from_uri
+from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_json, read_jsonl
 from ledger.errors import InputError, LedgerError
+from ledger.experiment import tasks
+from ledger.experiment.config import ARMS, ExperimentConfig, PretrainConfig, config_from_bytes, load_config
+from ledger.experiment.tokenizer import CharTokenizer
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from ledger.experiment import tasks
-from ledger.artifacts import put_jsonl, read_artifact, read_json, read_jsonl
-from ledger.experiment.config import ARMS, ExperimentConfig, PretrainConfig, config_from_bytes, load_config
 from runners.model import TinyLM, build_model, param_count
-from ledger.experiment.tokenizer import CharTokenizer
 
 CORPUS_SOURCE: Final = "pydoc_data.topics"
 PROBE_FORMAT: Final = "pydoc-window"
@@ -366,9 +365,9 @@ def prepare(config: ExperimentConfig, workdir: Path, store: Store) -> PrepareRes
 
     # Where the bytes are: the content-addressed files are found by the verifier anyway; the checkpoint directory
     # is the location of the seed state and of its model component.
-    store.add_location(state_digest, str(ckpt.resolve()))
-    store.add_location(model_digest, str(ckpt.resolve()))
     store.append_many(receipts)
+    store.add_receipt_locations(prepare_receipt.id, {"seed_state": str(ckpt.resolve()),
+                                                     "model": str(ckpt.resolve())})
     return PrepareResult(
         prepared=prepared,
         selection=selection,
@@ -425,9 +424,8 @@ def load_prepared(store: Store, arts: ArtifactStore, prepared: str) -> Prepared:
     config = config_from_bytes(read_artifact(arts, a["config"], name="config"))
     tokenizer = CharTokenizer.from_json(read_json(arts, a["tokenizer"], name="tokenizer"))
     train = [tasks.Document.from_json(r) for r in read_jsonl(arts, a["train_data"], name="train_data")]
-    ckpt = next((p for p in (path_from_uri(u) for u in store.locations(a["seed_state"])) if p and p.is_dir()), None)
-    if ckpt is None:
-        raise InputError(f"no location of the seed checkpoint {a['seed_state']} is recorded in the ledger")
+    ckpt = arts.locate(a["seed_state"], store.evidence_locations(receipt.id, "seed_state", a["seed_state"]),
+                       name="seed checkpoint", directory=True)
     return Prepared(receipt, config, tokenizer, train, ckpt)
 
 

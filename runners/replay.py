@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ledger.errors import InputError, LedgerError, ResumeDivergence
+from ledger.experiment.config import ARMS
 from ledger.experiment.formats import REPLAY_FORMAT
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from ledger.experiment.config import ARMS
 from runners.train import train_arm
-
 
 
 @dataclass

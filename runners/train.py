@@ -264,6 +264,15 @@ class RankRun:
     def last_step(self) -> int:
         return int(self.args.steps if self.args.steps is not None else self.cfg.train.steps)
 
+    def locate(self, receipt: Receipt, directory: Path) -> None:
+        """Record ``directory`` as where ``receipt``'s state and model are (one write transaction)."""
+        if self.args.no_ledger:
+            return
+        t0 = time.perf_counter()
+        self.store.add_receipt_locations(receipt.id, {name: str(directory.resolve()) for name in ("state", "model")
+                                                      if name in receipt.artifacts})
+        self.figures.ledger_seconds += time.perf_counter() - t0
+
     def record(self, receipt: Receipt) -> Receipt:
         """Append ``receipt`` (unless --no-ledger) and return it as stored."""
         if self.args.no_ledger:
@@ -321,7 +330,9 @@ def start_or_restore(rr: RankRun, faults: FaultPlan) -> tuple[Receipt, int, int]
     mapping = json.loads(args.restore.read_text())
     ckpt = rr.store.get(mapping[str(env.rank)]).receipt
     state = ckpt.artifacts["state"]
-    ckpt_dir = rr.artifacts.locate(state, rr.store.locations(state), name="state", directory=True)
+    # The checkpoint's own directory (its receipt location): equal states of other runs share its digest.
+    ckpt_dir = rr.artifacts.locate(state, rr.store.evidence_locations(ckpt.id, "state", state), name="state",
+                                   directory=True)
     outer = rr.strategy.outer_state()  # the live outer state: loading fills it in place
     loaded = load_checkpoint(ckpt_dir, model=rr.model, optimizer=rr.optimizer, outer=outer, rngs=rr.rngs)
     rr.strategy.restore(outer)
@@ -333,6 +344,7 @@ def start_or_restore(rr: RankRun, faults: FaultPlan) -> tuple[Receipt, int, int]
         artifacts={"state": state, "config": rr.config_digest, "model": ckpt.artifacts["model"]},
         measurements={"binding": rr.binding, "restored_from": ckpt.id, "restored_run": ckpt.run},
     ))
+    rr.locate(restore, ckpt_dir)
     return restore, loaded.cursor, data_offset
 
 
@@ -372,13 +384,6 @@ def checkpoint(rr: RankRun, step: int, previous: Receipt) -> Receipt:
     meta = {"run": args.run, "arm": args.arm, "rank": env.rank, "world": env.world, "step": step}
     saved = save_checkpoint(rr.run_dir / f"step{step:07d}", model=rr.model, optimizer=rr.optimizer,
                             outer=rr.strategy.outer_state(), rngs=rr.rngs, cursor=step, meta=meta)
-    # The directory is where the state (and with it every component it names) is re-hashed from; the model is
-    # also looked up by its own digest (evaluation, serving). One write transaction each, so no more than these.
-    if not args.no_ledger:
-        t1 = time.perf_counter()
-        for digest in (saved.digest, saved.manifest.components["model"]):
-            rr.store.add_location(digest, str(saved.path.resolve()))
-        figures.ledger_seconds += time.perf_counter() - t1
     receipt = rr.record(make_receipt(
         "checkpoint", run=args.run, rank=env.rank, step=step, prepared=rr.prep.receipt.prepared, parents=[previous],
         artifacts=_state_artifacts(saved.manifest, rr.config_digest),
@@ -386,6 +391,9 @@ def checkpoint(rr: RankRun, step: int, previous: Receipt) -> Receipt:
                       "files": dict(saved.manifest.files), "sent_bytes": rr.comm.sent_bytes,
                       "outer_steps": rr.strategy.outer_steps},
     ))
+    # This receipt's own evidence: its directory, where its state (and every component it names) is re-hashed
+    # from; recorded under the digests too, so the model is found by its own digest (evaluation, serving).
+    rr.locate(receipt, saved.path)
     figures.losses = []
     figures.checkpoint_seconds += time.perf_counter() - t0
     return receipt
@@ -436,6 +444,10 @@ def finish(rr: RankRun, final: Receipt, start_step: int, counters: dict[str, dic
             "start_step": start_step,
         },
     ))
+    if not args.no_ledger:  # the final state's own directory is the train-end's evidence too
+        own = rr.store.receipt_locations(final.id).get("state", [])
+        if own:
+            rr.locate(end, Path(own[0]))
     comm.barrier()
     shutdown_group()
     return end

@@ -39,6 +39,7 @@ from ledger.errors import (
     ReexecutionMismatch,
     VerificationError,
 )
+from ledger.experiment.config import single_rank_arm
 from ledger.experiment.formats import COMPARISON_METHOD, EVAL_FORMAT, QUALITY_FORMAT
 from ledger.receipts import Receipt
 from ledger.store import Store
@@ -136,7 +137,8 @@ def comparison_name(baseline_arm: str, candidate_arm: str, primary_arm: str, bas
         return st.vs_seed(candidate_arm)
     if candidate_arm == primary_arm and baseline_arm == baseline_of_primary and primary_arm != baseline_arm:
         return st.LOCAL_VS_BASELINE
-    if candidate_arm == primary_arm and baseline_arm == "single" and primary_arm != "single":
+    single = single_rank_arm()
+    if candidate_arm == primary_arm and baseline_arm == single and primary_arm != single:
         return st.LOCAL_VS_SINGLE
     return None
 
@@ -172,10 +174,11 @@ def quality_measurements(contract: Receipt, comparisons: Iterable[Receipt], eval
 def find_bytes(store: Store, artifacts: ArtifactStore, digest: str) -> tuple[bytes, Path] | None:
     """The bytes of an artifact wherever they are found (content-addressed path, then recorded locations),
     without checking their digest yet; None if nowhere."""
-    for path in artifacts.candidates(digest, store.locations(digest)):
-        if Path(path).is_file():
-            return Path(path).read_bytes(), Path(path)
-    return None
+    try:
+        path = artifacts.locate(digest, store.locations(digest), directory=False)
+    except MissingArtifact:
+        return None
+    return path.read_bytes(), path
 
 
 def _read(store: Store, artifacts: ArtifactStore, r: Receipt, name: str, require: bool) -> bytes | None:

@@ -188,33 +188,46 @@ def check_artifacts(
     """
     done: dict[tuple[Path, str], None] = {}  # (place, digest) already verified
     checkpoints: dict[Path, Any] = {}  # directory -> recomputed CheckpointState
+    found: dict[tuple[str, str], list[str]] = {}  # (receipt, name) -> places that verified
+    gone: list[ArtifactCheck] = []
+    state_dirs: dict[str, list[Path]] = {}  # receipt -> its verified state directories
+    own = {r.id: store.receipt_locations(r.id) for r in receipts}
+    # Two passes: first every receipt's own evidence (the content-addressed path and the places it recorded), then
+    # the other recorded copies of each digest; so a bad copy is named by the receipt it belongs to.
+    for own_pass in (True, False):
+        for r in receipts:
+            # States first: a checkpoint directory's recomputation also answers for the components it names.
+            for name, digest in sorted(r.artifacts.items(), key=lambda kv: (kv[0] not in _STATE_NAMES, kv[0])):
+                if progress and own_pass:
+                    progress(f"{name} {digest[:19]}")
+                mine = own[r.id].get(name, ())
+                places = (_places(artifacts, digest, (), mine) if own_pass
+                          else _places(artifacts, digest, store.locations(digest), ())[1:])
+                for path, recorded in places:
+                    if not os.path.lexists(path):
+                        if recorded:  # a place the ledger says holds the bytes, and it does not
+                            gone.append(ArtifactCheck(r.id, name, digest, "missing", str(path)))
+                        continue
+                    if (path, digest) not in done:
+                        # Another receipt's copy (pass 2) fails in that receipt's name: it is its evidence.
+                        owners = [] if own_pass else store.location_owners(str(path))
+                        owner = r if not owners or r.id in owners else store.get(owners[0]).receipt
+                        _check_place(path, owner, name, digest, checkpoints)
+                        done[(path, digest)] = None
+                    found.setdefault((r.id, name), []).append(str(path))
+                    if name in _STATE_NAMES and path in checkpoints:
+                        state_dirs.setdefault(r.id, []).append(path)
     out: list[ArtifactCheck] = []
     for r in receipts:
-        own = store.receipt_locations(r.id)
-        state_dirs: list[Path] = []
-        # States first: a checkpoint directory's recomputation also answers for the components it names.
-        for name, digest in sorted(r.artifacts.items(), key=lambda kv: (kv[0] not in _STATE_NAMES, kv[0])):
-            if progress:
-                progress(f"{name} {digest[:19]}")
-            places = _places(artifacts, digest, store.locations(digest), own.get(name, ()))
-            found: list[str] = []
-            for path, recorded in places:
-                if not os.path.lexists(path):
-                    if recorded:  # a place the ledger says holds the bytes, and it does not
-                        out.append(ArtifactCheck(r.id, name, digest, "missing", str(path)))
-                    continue
-                if (path, digest) not in done:
-                    _check_place(path, r, name, digest, checkpoints)
-                    done[(path, digest)] = None
-                found.append(str(path))
-                if name in _STATE_NAMES and path in checkpoints:
-                    state_dirs.append(path)
-            if not found and name not in _STATE_NAMES and _component_of(r, name, digest, state_dirs, checkpoints):
-                found = [str(state_dirs[0])]
-            if found:
-                out.append(ArtifactCheck(r.id, name, digest, "verified", found[0]))
-            elif not any(c.receipt == r.id and c.name == name for c in out):
-                out.append(ArtifactCheck(r.id, name, digest, "missing", None))
+        for name, digest in sorted(r.artifacts.items()):
+            verified_at = found.get((r.id, name), [])
+            dirs = state_dirs.get(r.id, [])
+            if not verified_at and name not in _STATE_NAMES and _component_of(r, name, digest, dirs, checkpoints):
+                verified_at = [str(dirs[0])]
+            missing = [g for g in gone if g.receipt == r.id and g.name == name]
+            if verified_at:
+                out.append(ArtifactCheck(r.id, name, digest, "verified", verified_at[0]))
+            out.extend(missing or ([] if verified_at else [ArtifactCheck(r.id, name, digest, "missing", None)]))
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ledger import digests
 from ledger.errors import InputError, RecordInvalid, ReportMismatch
-from ledger.experiment.config import ARMS
+from ledger.experiment.config import ARMS, single_rank_arm
 from ledger.experiment.formats import AUDIT_FORMAT, RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
 from ledger.receipts import Receipt
 from ledger.store import Store
@@ -60,7 +60,7 @@ def training_section(pick: Pick, contract: Receipt) -> tuple[dict[str, Any], lis
             for arm, s in present.items()}
     cm = contract.measurements
     primary = cm["primary_arm"]
-    single = next(a for a, spec in ARMS.items() if spec.sync == "none")
+    single = single_rank_arm()
     r = ratios(arms[primary], arms.get(cm["baseline_arm"]), arms.get(single)) if primary in arms else {}
     limits = cm["efficiency"]
     def within(ratio: str, limit: str) -> bool:

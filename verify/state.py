@@ -413,8 +413,8 @@ def resolve_checkpoint(store: Store, ref: str) -> CheckpointRef:
     state = r.artifacts.get("state")
     if state is None:
         raise InputError(f"receipt {r.id} ({r.kind}) names no state artifact to compare")
-    own = store.receipt_locations(r.id).get("state", [])
-    uris = own or store.locations(state)
+    own = bool(store.receipt_locations(r.id).get("state"))
+    uris = store.evidence_locations(r.id, "state", state)
     for uri in uris:
         p = path_from_uri(uri)
         if p is not None and p.is_dir():

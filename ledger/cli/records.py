@@ -25,8 +25,8 @@ def init(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """Create a ledger database (or bring an empty one to the current schema)."""
     from ledger.database import display_url
 
-    store = open_store(db, create=True)
-    result = {"db": display_url(store.url), "receipts": store.count()}
+    with open_store(db, create=True) as store:
+        result = {"db": display_url(store.url), "receipts": store.count()}
     if json_out:
         emit_json(result)
     else:
@@ -47,10 +47,9 @@ def append(
     if not lines:
         raise InputError(f"{name}: no receipt found")
     receipts = [parse_receipt(line, source=f"{name} line {i + 1}") for i, line in enumerate(lines)]
-    store = open_store(db)
-    before = store.count()
-    stored = store.append_many(receipts)
-    added = store.count() - before
+    with open_store(db) as store:
+        stored = store.append_many(receipts)
+    added = sum(s.new for s in stored)  # what this call stored: other writers may be appending meanwhile
     if json_out:
         emit_json({"appended": added, "existing": len(stored) - added, "ids": [s.receipt.id for s in stored]})
     else:
@@ -71,7 +70,8 @@ def show(
     raw: Annotated[bool, typer.Option("--raw", help="Print the canonical bytes exactly as hashed.")] = False,
 ) -> None:
     """Show one receipt."""
-    stored = open_store(db).get(ref)
+    with open_store(db) as store:
+        stored = store.get(ref)
     r = stored.receipt
     if raw:
         sys.stdout.buffer.write(r.body + b"\n")
@@ -117,7 +117,8 @@ def log(
     for name, value in (("--prepared", prepared), ("--selection", selection)):
         if value is not None:
             digests.check_digest(value, name)
-    found = open_store(db).find(kind=kind, run=run, prepared=prepared, selection=selection, rank=rank, limit=limit)
+    with open_store(db) as store:
+        found = store.find(kind=kind, run=run, prepared=prepared, selection=selection, rank=rank, limit=limit)
     if json_out:
         emit_json([_receipt_json(s) for s in found])
         return

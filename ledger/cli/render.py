@@ -81,8 +81,9 @@ def render_receipt(console: Console, r: Receipt) -> None:
     """Render an eval, paired comparison or quality receipt's measurements as tables (for `ledger show`)."""
     m = r.measurements
     if r.kind == "eval" and "breakdowns" in m:
-        console.print(f"{m.get('arm')}: {m['correct']}/{m['documents']} correct; retention mean NLL "
-                      f"{m['retention']['mean_nll']:.6f} over {m['retention']['probes']} probes")
+        ret: Mapping[str, Any] = m["retention"] if isinstance(m.get("retention"), dict) else {}
+        console.print(f"{m.get('arm')}: {m.get('correct')}/{m.get('documents')} correct; retention mean NLL "
+                      f"{_num(ret.get('mean_nll'))} over {_num(ret.get('probes'))} probes")
         print_wide(console=console, table=breakdown_table(m["breakdowns"]))
     elif r.kind == "comparison" and "gained" in m:
         table = Table(title=f"{m.get('comparison')}: {m['candidate']['arm']} vs {m['baseline']['arm']}",

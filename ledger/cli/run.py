@@ -269,7 +269,10 @@ def compare_runs_cmd(
 
     with Store.open(db) as store:
         rows = compare_runs(store, uninterrupted, recovered, resume_step)
-    emit({"ranks": rows, "passed": all(rank_passed(r) for r in rows)}, json_out, _ranks_text(rows))
+    if json_out:
+        emit_json({"ranks": rows, "passed": all(rank_passed(r) for r in rows)})
+    else:
+        out.print(_ranks_text(rows))
     bad = [r for r in rows if not rank_passed(r)]
     if bad:
         raise divergence(bad[0])
@@ -289,8 +292,11 @@ def _ranks_text(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         c = r["comparisons"]
 
+        # Runs of two arms differ in components (DiLoCo has an outer optimizer, DDP has none): a component one
+        # side lacks has no counts, and shows as "-".
         def elems(comp: str, c: dict[str, Any] = c) -> str:
-            return f"{c[comp]['tensor_elements']:,}" if comp in c else "-"
+            n = (c.get(comp) or {}).get("tensor_elements")
+            return "-" if n is None else f"{n:,}"
 
         lines.append(f"{r['rank']:>4}  {_yes(r['contents_exactly_equal']):<6} {_yes(r['file_hashes_equal']):<6} "
                      f"{_yes(r['binding_equal']):<8} {_yes(r['trajectory_equal']):<8} {elems('model'):>12} "
@@ -302,8 +308,9 @@ def _ranks_text(rows: list[dict[str, Any]]) -> str:
 def _first_divergence(r: dict[str, Any]) -> str:
     """Where a rank parts: the first differing loss (what the error names first), then the final state's first
     difference."""
-    parts = [] if r["first_trajectory_divergence"] is None else [f"loss at step {r['first_trajectory_divergence']}"]
-    return "; ".join(parts + ([r["first_state_difference"]] if r["first_state_difference"] else []))
+    loss, state = r.get("first_trajectory_divergence"), r.get("first_state_difference")
+    parts = [] if loss is None else [f"loss at step {loss}"]
+    return "; ".join(parts + ([state] if state else []))
 
 
 def _yes(flag: bool) -> str:

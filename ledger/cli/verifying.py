@@ -135,8 +135,9 @@ def report_cmd(
     page = render_page(store, arts, result.receipt, result.report)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_bytes(page)
-    receipt = report_receipt(arts, result.receipt, page)
-    if record:
+    receipt = report_receipt(result.receipt, page)
+    if record:  # nothing is written anywhere but --out without it (a read-only copy can be reported on)
+        arts.put_bytes(page)
         store.append(receipt)
     value = {"path": str(out_path), "bytes": len(page), "digest": receipt.artifacts["html"],
              "report_receipt": receipt.id if record else None, "audit": result.receipt.id if record else None,

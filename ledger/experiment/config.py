@@ -47,6 +47,12 @@ ARMS: Final[Mapping[str, Arm]] = MappingProxyType({a.name: a for a in (
     Arm("single", 1, "none"), Arm("ddp-four", 4, "every-step"), Arm("diloco-four", 4, "diloco"))})
 
 
+def single_rank_arm() -> str:
+    """The arm that trains on one rank: the reference every distributed arm's time is compared with."""
+    return next(a.name for a in ARMS.values() if a.world == 1)
+
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Task documents (see runners/tasks.py) and retention probes."""

@@ -126,7 +126,8 @@ def _forge(store: Store, trained: Trained, run: str, claim: dict[int, Receipt]) 
     for rank in range(WORLD):
         real = trained.start[rank]
         start = make_receipt("train-start", run=run, rank=rank, step=0, prepared=real.prepared,
-                             parents=[trained.prepare], artifacts=dict(real.artifacts))
+                             parents=[trained.prepare], artifacts=dict(real.artifacts),
+                             measurements=dict(real.measurements))
         c4 = make_receipt("checkpoint", run=run, rank=rank, step=4, prepared=real.prepared, parents=[start],
                           artifacts=dict(trained.step4[rank].artifacts),
                           measurements=dict(trained.step4[rank].measurements))
