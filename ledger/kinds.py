@@ -154,9 +154,20 @@ KINDS: Final[Mapping[Kind, KindSpec]] = MappingProxyType({
                        "conditions": dict, "learning": dict, "quality_contract_passed": bool},
                       when={"format": "ledger-quality/1"}),))),
     Kind.REPLICA: KindSpec(
-        "a serving replica proving the model it loaded", rules.replica, Schema()),
+        "a serving replica proving the model it loaded (the digest it computed from the bytes it loaded)",
+        rules.replica, Schema((Shape({"endpoint": str, "model_digest": str, "checkpoint_receipt": str,
+                                      "binding": dict}, when={"format": "ledger-serve-replica/1"}),))),
     Kind.SERVE_PHASE: KindSpec(
-        "one serving phase: its replicas, its request set and its per-request log", rules.no_rule, Schema()),
+        "one serving phase: its replicas, its request set and its per-request log", rules.serve_phase,
+        Schema((Shape({"phase": str, "run_id": str, "concurrency": int, "endpoints": list, "request_set": str,
+                       "requests": int, "successful": int, "retries": int, "seconds": NUMBER,
+                       "requests_per_second": (int, float, type(None)), "unavailable": list, "metrics": list},
+                      when={"format": "ledger-serve-phase/1"}),))),
+    Kind.SERVE_SUMMARY: KindSpec(
+        "the serving section: the three phases judged against the contract's serving conditions",
+        rules.serve_summary,
+        Schema((Shape({"arm": str, "conditions": dict, "failure_retries": int, "phases": dict,
+                       "serving_fixture_passed": bool, "scope": str}, when={"format": "ledger-serve-summary/1"}),))),
     Kind.AUDIT: KindSpec(
         "the report recomputed from the ledger, with the contracts' verdicts", rules.audit,
         Schema((Shape({"contracts": dict, "tokens_issued": int}, when={"format": "ledger-audit/1"}),))),

@@ -42,7 +42,8 @@ class Kind(StrEnum):
     EVAL = "eval"  # per-document outcomes of a model on the selection
     QUALITY = "quality"  # the pre-registered quality contract judged from paired comparisons
     REPLICA = "replica"  # a serving replica proving the model it loaded
-    SERVE_PHASE = "serve-phase"  # one serving phase
+    SERVE_PHASE = "serve-phase"  # one serving phase: its replicas, request set and per-request log
+    SERVE_SUMMARY = "serve-summary"  # the serving section: the three phases judged against the contract
     AUDIT = "audit"  # the recomputed report
     SETTLEMENT = "settlement"  # tokens issued when the contracts pass
     REPORT = "report"  # the audit's report rendered as one HTML page

@@ -231,6 +231,32 @@ def settlement(r: Receipt, parents: list[Receipt]) -> None:
                          actual=r.measurements.get(name))
 
 
+def serve_phase(r: Receipt, parents: list[Receipt]) -> None:
+    """A serving phase cites the replicas it spread requests over (each endpoint it names, once) and names its
+    request set and request log."""
+    _require(r, "prepared")
+    replicas = [p for p in parents if p.kind == "replica"]
+    endpoints = sorted(str(p.measurements.get("endpoint")) for p in replicas)
+    named = sorted(str(e) for e in r.measurements.get("endpoints", []))
+    if not replicas or endpoints != named or len(replicas) != len(parents):
+        raise broken(r, "a serve-phase cites exactly the replicas of the endpoints it names", field="parents",
+                     expected=named, actual=endpoints)
+    for name in ("request_log", "request_set"):
+        if name not in r.artifacts:
+            raise broken(r, f"a serve-phase names its {name} in artifacts.{name}", field=f"artifacts.{name}",
+                         expected="a digest", actual=None)
+
+
+def serve_summary(r: Receipt, parents: list[Receipt]) -> None:
+    """The serving summary cites its contract and one serve-phase of each phase (single, four, failure)."""
+    _require(r, "prepared")
+    _one_parent(r, parents, {"contract"}, "contract receipt")
+    phases = sorted(str(p.measurements.get("phase")) for p in parents if p.kind == "serve-phase")
+    if phases != ["failure", "four", "single"]:
+        raise broken(r, "a serve-summary cites one serve-phase per phase", field="parents",
+                     expected=["failure", "four", "single"], actual=phases)
+
+
 def report(r: Receipt, parents: list[Receipt]) -> None:
     """A rendered report names the page's digest and renders exactly one audit."""
     _require(r, "prepared")

@@ -21,8 +21,10 @@ from ledger.store import Store
 from runners.evaluate import run_evaluation
 from runners.prepare import load_prepared, run_prepare
 from runners.recover import run_recover
+from runners.serving import REPLICAS, run_serving
 from runners.train import summarize_arm, train_arm
 from verify.audit import audit
+from verify.report_page import render_page, report_receipt
 
 # (label, total steps, rank 0's progress file, the work) -> what work() returned
 TrainProgress = Callable[[str, int, Path, Callable[[], Any]], Any]
@@ -40,11 +42,13 @@ class ExperimentResult:
     audit: str | None
     contracts: dict[str, bool]
     seconds: dict[str, float]
+    html: Path | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON the CLI prints with ``--json``."""
         return {"prepared": self.prepared, "db": self.db, "report": str(self.report),
                 "recovery_passed": self.recovery_passed, "audit": self.audit, "contracts": self.contracts,
+                "html": str(self.html) if self.html else None,
                 "seconds": self.seconds}
 
 
@@ -97,17 +101,29 @@ def run_experiment(workdir: Path, db: str, config: Path | None, *, on_step: Call
     seconds["eval"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    step("audit: verify every receipt and recompute the report")
+    step(f"serve {primary_arm}'s final model from {REPLICAS} replicas: phases single, four, failure")
+    run_serving(workdir, db, prepared=prepared)
+    seconds["serve"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    step("audit: verify every receipt, recompute the report and render report.html")
     with Store.open(db) as store:
-        audited = audit(store, ArtifactStore(default_root(store.url)), prepared)
+        arts = ArtifactStore(default_root(store.url))
+        audited = audit(store, arts, prepared)
+        assert audited.receipt is not None
+        page = render_page(store, arts, audited.receipt, audited.report)
+        arts.put_bytes(page)
+        store.append(report_receipt(audited.receipt, page))
     seconds["audit"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - started
 
     report_path = workdir / "report.json"
     report_path.write_text(json.dumps(audited.report, indent=2, sort_keys=True) + "\n")
+    (workdir / "report.html").write_bytes(page)
     return ExperimentResult(prepared=prepared, db=db, report=report_path, recovery_passed=recovered.passed,
                             audit=audited.receipt.id if audited.receipt else None,
-                            contracts=dict(audited.report["contracts"]), seconds=seconds)
+                            contracts=dict(audited.report["contracts"]), seconds=seconds,
+                            html=workdir / "report.html")
 
 
 __all__ = ["ExperimentResult", "TrainProgress", "run_experiment"]

@@ -14,7 +14,7 @@ from typing import Final
 
 from ledger.kinds import spec
 from ledger.receipts import Kind
-from verify import evaluation, recovery, report, report_page, training
+from verify import evaluation, recovery, report, report_page, serving_receipts, training
 from verify.context import KindCheck, KindCheckContext, guarded
 
 
@@ -39,7 +39,8 @@ CHECKS: Final[Mapping[Kind, tuple[KindCheck, ...]]] = MappingProxyType({
     Kind.EVAL: (check_schema, guarded(evaluation.eval_check)),
     Kind.QUALITY: (check_schema, guarded(evaluation.quality_check)),
     Kind.REPLICA: (check_schema,),
-    Kind.SERVE_PHASE: (check_schema,),
+    Kind.SERVE_PHASE: (check_schema, guarded(serving_receipts.check_serve_phase)),
+    Kind.SERVE_SUMMARY: (check_schema, guarded(serving_receipts.check_serve_summary)),
     Kind.AUDIT: (check_schema, guarded(report.check_audit)),
     Kind.SETTLEMENT: (check_schema,),  # restates its audit: a chain rule
     Kind.REPORT: (check_schema, guarded(report_page.check_report_page)),

@@ -65,11 +65,35 @@ def report_figures(store: Store, artifacts: ArtifactStore, audit: Receipt, repor
                 "uninterrupted": trajectory(store, _by_id(store, row["uninterrupted_receipt"])),
                 "recovered": trajectory(store, _by_id(store, row["recovered_receipt"])),
             }
+    summary_serving = next((r for r in cited if r.kind == "serve-summary"), None)
+    if summary_serving is not None:
+        receipts["serving"] = summary_serving.id
+        figures["serving"] = _serving(store, artifacts, summary_serving)
     quality = next((r for r in cited if r.kind == "quality"), None)
     if quality is not None:
         receipts["quality"] = quality.id
         figures["retention"] = _retention(store, artifacts, quality)
     return figures
+
+
+def _serving(store: Store, artifacts: ArtifactStore, summary: Receipt) -> dict[str, Any]:
+    """Each phase's latencies of answered requests (from its request log) and each replica's proof."""
+    latencies: dict[str, list[float]] = {}
+    replicas: dict[str, dict[str, Any]] = {}
+    for p in summary.parents:
+        phase = _by_id(store, p)
+        if phase.kind != "serve-phase":
+            continue
+        digest = phase.artifacts["request_log"]
+        rows = read_jsonl(artifacts, digest, locations=store.locations(digest), name="request_log")
+        latencies[str(phase.measurements["phase"])] = [float(r["latency_seconds"]) for r in rows
+                                                       if r.get("status") == 200]
+        for rid in phase.parents:
+            replica = _by_id(store, rid)
+            replicas[rid] = {"endpoint": replica.measurements["endpoint"],
+                             "model_digest": replica.measurements["model_digest"], "receipt": rid}
+    ordered = sorted(replicas.values(), key=lambda r: (str(r["endpoint"]), str(r["receipt"])))
+    return {"latencies": latencies, "replicas": ordered}
 
 
 def _retention(store: Store, artifacts: ArtifactStore, quality: Receipt) -> dict[str, Any]:

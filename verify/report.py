@@ -3,8 +3,9 @@
 the settlement's token count. ``check_audit`` (the audit kind's verification) rebuilds it from exactly what an
 audit receipt cites and names the first field that differs from the stored report.
 
-Serving (DESIGN step 5) is not implemented yet: the report says so, ``serving_approved`` is false and the
-settlement issues nothing, since it pays only when every contract passes.
+Serving comes from the latest ``serve-summary`` receipt (its phases verified from their request logs); without
+one the section says "not run", ``serving_approved`` is false and the settlement issues nothing, since it pays
+only when every contract passes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ TIMING_SCOPE = ("Maximum over ranks of summed local update and sync durations. C
 NETWORK_SCOPE = ("sent_bytes: payload bytes each rank contributed to collectives, counted exactly at every call; "
                  "interface_bytes: whole-host /proc/net/dev counters over the rank's loop (loopback included, since "
                  "the ranks share one host here)")
-SERVING_STATUS = "not run: the serving step is not implemented yet, so serving is not approved"
+SERVING_STATUS = "not run: no serve-summary receipt in the ledger, so serving is not approved"
 
 Pick = Callable[..., Receipt | None]
 
@@ -113,6 +114,15 @@ def learning_section(pick: Pick) -> tuple[dict[str, Any], list[Receipt]]:
     return dict(quality.measurements["learning"]), [quality]
 
 
+def serving_section(pick: Pick) -> tuple[dict[str, Any], list[Receipt]]:
+    """The reference's ``serving`` section, as the latest serve-summary recorded it (its check recomputes every
+    field from the phases' request logs and the contract)."""
+    summary = pick("serve-summary")
+    if summary is None:
+        return {"status": SERVING_STATUS, "serving_approved": False, "serving_fixture_passed": False}, []
+    return {k: v for k, v in summary.measurements.items() if k != "format"}, [summary]
+
+
 def build_report(store: Store, prepared: str,
                  among: list[Receipt] | None = None) -> tuple[dict[str, Any], list[Receipt]]:
     """The report and the receipts it draws on (not verified here: :func:`audit` verifies them first); from the
@@ -124,7 +134,8 @@ def build_report(store: Store, prepared: str,
     training, t_cited = training_section(pick, contract)
     recovery, r_cited = recovery_section(store, pick)
     learning, l_cited = learning_section(pick)
-    serving_approved = False  # serving is not implemented: nothing can approve it
+    serving, s_cited = serving_section(pick)
+    serving_approved = bool(serving.get("serving_fixture_passed"))
     learning["serving_approved"] = serving_approved
     contracts = {
         "quality": bool(learning.get("quality_contract_passed")),
@@ -141,9 +152,9 @@ def build_report(store: Store, prepared: str,
         "training": training,
         "recovery": recovery,
         "learning": learning,
-        "serving": {"status": SERVING_STATUS, "serving_approved": serving_approved},
+        "serving": serving,
     }
-    return report, [contract, *t_cited, *r_cited, *l_cited]
+    return report, [contract, *t_cited, *r_cited, *l_cited, *s_cited]
 
 
 # ----------------------------------------------------------------------------------------------- verify

@@ -37,6 +37,8 @@ def register(app: typer.Typer, run_app: typer.Typer) -> None:
     run_app.command("experiment")(experiment_cmd)
     run_app.command("recover")(recover_cmd)
     run_app.command("eval")(eval_cmd)
+    run_app.command("serve")(run_serve_cmd)
+    app.command("serve")(serve_cmd)
     app.command("replay")(replay_cmd)
     run_app.command("replay")(replay_cmd)
     app.command("compare-runs")(compare_runs_cmd)
@@ -144,6 +146,7 @@ def experiment_cmd(
         return
     value = result.to_json()
     out.print(f"experiment {value['prepared']}\nledger {value['db']}\nreport {value['report']}\n"
+              f"page {value['html']}\n"
               f"audit {value['audit']}\ncontracts " + ", ".join(
                   f"{k} {'PASS' if v else 'FAIL'}" for k, v in value["contracts"].items())
               + "\n" + "  ".join(f"{k} {v:.0f}s" for k, v in value["seconds"].items()))
@@ -333,3 +336,72 @@ def _config_steps(url: str, workdir: Path, prepared: str | None) -> int:
     with Store.open(url) as store:
         digest = store.latest_prepared(prepared)
         return load_prepared(store, ArtifactStore(default_root(store.url)), digest).config.train.steps
+
+
+def run_serve_cmd(
+    workdir: WorkdirOpt = Path("experiment"),
+    db: RunDbOpt = None,
+    prepared: PreparedOpt = None,
+    replicas: Annotated[int, typer.Option(min=2, help="Replicas on loopback ports (the failure phase kills one).")]
+    = 4,
+    json_out: JsonOpt = False,
+) -> None:
+    """Serve the primary arm's final model from N loopback replicas, run the phases single, four and failure of
+    the fixed request set, stop every replica (also on failure and Ctrl-C), and record replica, serve-phase and
+    serve-summary receipts."""
+    from runners.serving import run_serving
+
+    result = run_serving(workdir, run_db(db, workdir), prepared=prepared, replicas=replicas,
+                         progress=lambda m: err.print(m, highlight=False))
+    value = result.to_json()
+    verdict = "PASSED" if value["serving_fixture_passed"] else "FAILED"
+    emit(value, json_out, f"serving {value['summary']}: fixture {verdict}; four/single throughput "
+         f"{value['four_throughput_ratio']:.2f}x; failure retries {value['failure_retries']}; conditions "
+         + ", ".join(f"{k} {v}" for k, v in value["conditions"].items()))
+
+
+def serve_cmd(
+    checkpoint: Annotated[str | None, typer.Argument(help="A receipt id or prefix naming a state, or a checkpoint "
+                                                          "directory (default: the primary arm's final model).")]
+    = None,
+    db: DbOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: the kernel chooses).")] = 8000,
+    threads: Annotated[int, typer.Option(min=1, help="Intra-op threads, pinned.")] = 1,
+) -> None:
+    """Serve a checkpoint's model over an OpenAI-compatible HTTP API (POST /v1/completions, GET /v1/models,
+    /health with the model digest the replica computed from the bytes it loaded, /metrics). The replica refuses a
+    checkpoint whose bytes do not match its receipt."""
+    from ledger.artifacts import ArtifactStore, default_root
+    from ledger.state import read_state
+    from runners.serve import serve_replica
+    from runners.serving import primary_model_source, replica_spec
+
+    with open_store(db) as store:
+        arts = ArtifactStore(default_root(store.url))
+        prepared = store.latest_prepared()
+        if checkpoint is None:
+            from runners.prepare import load_prepared
+
+            arm = load_prepared(store, arts, prepared).config.contract.primary_arm
+            source = primary_model_source(store, prepared, arm)
+        elif Path(checkpoint).is_dir():
+            state = read_state(Path(checkpoint))
+            found = [s.receipt for s in store.find(kind="checkpoint", prepared=prepared)
+                     if s.receipt.artifacts.get("state") == state.digest]
+            if not found:
+                from ledger.errors import InputError
+
+                raise InputError(f"{checkpoint}: no checkpoint receipt of the latest experiment names its state "
+                                 f"{state.digest}")
+            source = found[-1]
+        else:
+            source = store.get(checkpoint).receipt
+        spec = replica_spec(store, arts, prepared, source, threads=threads)
+    if checkpoint is not None and Path(checkpoint).is_dir():
+        import dataclasses
+
+        spec = dataclasses.replace(spec, checkpoint=Path(checkpoint))  # serve the directory given, verified
+    err.print(f"serving {source.kind} {source.id} (model {spec.model_digest}) on http://{host}:{port}",
+              highlight=False)
+    serve_replica(spec, host=host, port=port)
