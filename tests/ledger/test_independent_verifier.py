@@ -325,6 +325,20 @@ def spec_kind_rule(rid: str, doc: dict[str, Any], parents: list[dict[str, Any]])
         audit = one(("audit",))
         if any(m.get(k) != audit["measurements"].get(k) for k in ("contracts", "tokens_issued")):
             raise Rejected(f"{rid}: settlement differs from its audit")
+    elif kind == "serve-phase":
+        needs("prepared")
+        named = sorted(str(e) for e in m.get("endpoints", []))
+        if (any(p["kind"] != "replica" for p in parents) or not parents
+                or sorted(str(p["measurements"].get("endpoint")) for p in parents) != named):
+            raise Rejected(f"{rid}: serve-phase must cite exactly the replicas of its endpoints")
+        if not {"request_log", "request_set"} <= set(doc["artifacts"]):
+            raise Rejected(f"{rid}: serve-phase without its request log or request set")
+    elif kind == "serve-summary":
+        needs("prepared")
+        one(("contract",))
+        if sorted(str(p["measurements"].get("phase")) for p in parents if p["kind"] == "serve-phase") != [
+                "failure", "four", "single"]:
+            raise Rejected(f"{rid}: serve-summary must cite one serve-phase per phase")
     elif kind == "report":
         needs("prepared")
         one(("audit",))
