@@ -258,9 +258,14 @@ def serve_summary(r: Receipt, parents: list[Receipt]) -> None:
 
 
 def report(r: Receipt, parents: list[Receipt]) -> None:
-    """A rendered report names the page's digest and renders exactly one audit."""
+    """A rendered report names the page's digest, renders exactly one audit and cites that audit's settlement:
+    it is the experiment's head, the one receipt whose verification covers everything the experiment recorded."""
     _require(r, "prepared")
-    _one_parent(r, parents, {"audit"}, "audit receipt")
+    audited = _one_parent(r, parents, {"audit"}, "audit receipt")
+    settled = _one_parent(r, parents, {"settlement"}, "settlement receipt")
+    if audited.id not in settled.parents:
+        raise broken(r, f"the settlement {settled.id} is not the one of audit {audited.id}", field="parents",
+                     expected=audited.id, actual=list(settled.parents))
     if "html" not in r.artifacts:
         raise broken(r, "a report receipt names its page in artifacts.html", field="artifacts.html",
                      expected="a digest", actual=None)

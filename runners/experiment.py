@@ -113,7 +113,8 @@ def run_experiment(workdir: Path, db: str, config: Path | None, *, on_step: Call
         assert audited.receipt is not None
         page = render_page(store, arts, audited.receipt, audited.report)
         arts.put_bytes(page)
-        store.append(report_receipt(audited.receipt, page))
+        assert audited.settlement is not None
+        store.append(report_receipt(audited.receipt, audited.settlement, page))
     seconds["audit"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - started
 

@@ -27,9 +27,10 @@ def render_page(store: Store, artifacts: ArtifactStore, audit: Receipt, report: 
     return render_report(report, report_figures(store, artifacts, audit, report, log_head))
 
 
-def report_receipt(audit: Receipt, page: bytes, log_head: str | None = None) -> Receipt:
-    """The ``report`` receipt of a rendered page (store the page with ``ArtifactStore.put_bytes`` to record it)."""
-    return make_receipt("report", run="audit", prepared=audit.prepared, parents=[audit],
+def report_receipt(audit: Receipt, settlement: Receipt, page: bytes, log_head: str | None = None) -> Receipt:
+    """The ``report`` receipt of a rendered page, the experiment's head: it cites the audit and its settlement
+    (store the page with ``ArtifactStore.put_bytes`` to record it)."""
+    return make_receipt("report", run="audit", prepared=audit.prepared, parents=[audit, settlement],
                         artifacts={"html": digests.raw_digest(page)},
                         measurements={"format": REPORT_HTML_FORMAT, "bytes": len(page), "log_head": log_head})
 

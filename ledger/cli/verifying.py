@@ -135,7 +135,8 @@ def report_cmd(
     page = render_page(store, arts, result.receipt, result.report)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_bytes(page)
-    receipt = report_receipt(result.receipt, page)
+    assert result.settlement is not None
+    receipt = report_receipt(result.receipt, result.settlement, page)
     if record:  # nothing is written anywhere but --out without it (a read-only copy can be reported on)
         arts.put_bytes(page)
         store.append(receipt)

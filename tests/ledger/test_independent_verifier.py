@@ -341,7 +341,9 @@ def spec_kind_rule(rid: str, doc: dict[str, Any], parents: list[dict[str, Any]])
             raise Rejected(f"{rid}: serve-summary must cite one serve-phase per phase")
     elif kind == "report":
         needs("prepared")
-        one(("audit",))
+        audit = one(("audit",))
+        if spec_receipt_id(spec_encode(audit)) not in one(("settlement",))["parents"]:
+            raise Rejected(f"{rid}: report's settlement is not its audit's")
         if "html" not in doc["artifacts"]:
             raise Rejected(f"{rid}: report without its page")
 
