@@ -1,13 +1,18 @@
 """Ledger throughput on this machine, each figure next to raw ``sqlite3`` doing the same work on the same bytes.
 
-    python benchmarks/ledger_bench.py [--quick] [--json]
+    python benchmarks/ledger_bench.py [--quick] [--postgres] [--json]
 
 Measures (a) appends/s through ``ledger.store.Store``, one receipt per transaction and in batches; (b) raw sqlite3
 inserts of the same ids and bodies into ``(id TEXT PRIMARY KEY, body BLOB)`` with the same PRAGMAs (WAL,
 synchronous=FULL), one per transaction and batched; (c) four concurrent writer processes, ours vs raw; (d) verifying
 a 1,000-deep chain in-process; (e) scanning and re-hashing every receipt (Store.iter_rows + receipt_id + parse) vs a
 raw SELECT of the bodies plus BLAKE3. Every "ours/raw" is a ratio of rates (1.0 = as fast as raw sqlite3).
-Everything lives in a temporary directory.
+
+``--postgres`` measures (f) instead: the same Store on PostgreSQL against the same Store on SQLite, in the same run:
+one receipt per transaction, batches of 1000, and four writer processes appending at once, each ledger checked after
+(nothing lost, nothing twice, every writer's chain verifies, the log in append order). The server is a throw-away
+Debian PostgreSQL cluster (tests/pg.py) on the same disk, durable (fsync on, as SQLite's synchronous=FULL), reached
+over loopback TCP with a password, as hosts reach a shared ledger. Everything lives in temporary directories.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ from typing import Any
 import blake3
 
 from ledger import digests
+from ledger.database import BUSY_TIMEOUT_S, display_url
 from ledger.digests import prepared_digest
 from ledger.receipts import Receipt, make_receipt
-from ledger.database import BUSY_TIMEOUT_S
 from ledger.store import Store
 from verify.receipts import verify_receipt
+
+REPO = Path(__file__).resolve().parents[1]
 
 BATCH = 1000
 CHAIN_DEPTH = 1000
@@ -54,10 +61,11 @@ class Sizes:
     batched: int  # receipts appended in batches of BATCH; also the ledger that (e) scans
     per_writer: int  # single appends per concurrent writer
     per_writer_batched: int  # receipts per concurrent writer in batches of 100
+    pg_per_writer: int  # (f): single appends per concurrent writer, PostgreSQL against SQLite
 
 
-FULL = Sizes(single=2000, batched=100_000, per_writer=1000, per_writer_batched=5000)
-QUICK = Sizes(single=300, batched=10_000, per_writer=200, per_writer_batched=1000)
+FULL = Sizes(single=2000, batched=100_000, per_writer=1000, per_writer_batched=5000, pg_per_writer=2000)
+QUICK = Sizes(single=300, batched=10_000, per_writer=200, per_writer_batched=1000, pg_per_writer=500)
 
 
 # ------------------------------------------------------------------------------------------------ workload
@@ -199,7 +207,7 @@ def timed_each(fn: Callable[[Any], Any], items: Sequence[Any]) -> float:
 # --------------------------------------------------------------------------------------------- concurrency
 
 
-def _writer(kind: str, path: str, w: int, n: int, batch: int, start: Any, out: Any) -> None:
+def _writer(kind: str, path: str, w: int, n: int, batch: int, start: Any, out: Any) -> None:  # path: or a URL
     """One concurrent writer (a spawned process): its own chain, ``n`` receipts in batches of ``batch``."""
     try:
         root = root_receipt()
@@ -220,13 +228,13 @@ def _writer(kind: str, path: str, w: int, n: int, batch: int, start: Any, out: A
         out.put(("error", w, repr(exc), 0.0))
 
 
-def concurrent(kind: str, path: Path, per_writer: int, batch: int) -> float:
-    """Wall time from the first writer starting to the last finishing."""
+def concurrent(kind: str, path: Path | str, per_writer: int, batch: int) -> float:
+    """Wall time from the first writer starting to the last finishing (``path``: a file, or a URL for ours)."""
     if kind == "ours":
         with Store.open(path, create=True) as store:
             store.append(root_receipt())
     else:
-        raw_connect(path).close()
+        raw_connect(Path(path)).close()
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_writer, args=(kind, str(path), w, per_writer, batch, start, out))
@@ -356,9 +364,70 @@ def run(sizes: Sizes, tmp: Path) -> list[Row]:
     return rows
 
 
-def render(rows: list[Row]) -> str:
-    head = (f"{'measure':42} {'receipts':>9} {'ours s':>8} {'ours/s':>9} {'raw s':>8} {'raw/s':>9} {'ours/raw':>8}"
-            "  target")
+# ------------------------------------------------------------------------------ (f) PostgreSQL against SQLite
+
+
+def check_concurrent(db: Path | str, per_writer: int) -> str:
+    """After :func:`concurrent`: every receipt the writers made is stored once, each writer's chain verifies back to
+    the root, and the log has one leaf per receipt in seq order. Returns the summary; raises if anything is off."""
+    root = root_receipt()
+    chains = [chain(root, per_writer, run=f"writer-{w}", rank=w) for w in range(WRITERS)]
+    expected = {root.id} | {r.id for c in chains for r in c}
+    with Store.open(db) as store, store.engine.connect() as conn:
+        ids = [rid for (rid,) in conn.exec_driver_sql("SELECT id FROM receipts")]
+        lost, duplicated, foreign = expected - set(ids), len(ids) - len(set(ids)), set(ids) - expected
+        seqs = [seq for (seq,) in conn.exec_driver_sql("SELECT seq FROM receipts ORDER BY seq")]
+        leaves = [tuple(row) for row in conn.exec_driver_sql(
+            "SELECT leaf_index, receipt_seq FROM log_leaves ORDER BY leaf_index")]
+        valid = sum(verify_receipt(store, c[-1].id).receipts_checked == per_writer + 1 for c in chains)
+    summary = (f"{len(ids)} rows, {len(lost)} lost, {duplicated} duplicated, {len(foreign)} unexpected, "
+               f"{valid}/{WRITERS} chains verify, log {'in' if leaves == list(enumerate(seqs)) else 'OUT OF'} "
+               f"seq order")
+    if lost or duplicated or foreign or valid != WRITERS or leaves != list(enumerate(seqs)):
+        raise AssertionError(f"{display_url(str(db))}: {summary}")
+    return summary
+
+
+def postgres_run(sizes: Sizes, tmp: Path) -> tuple[list[Row], list[str]]:
+    """(f): rows whose "ours" is PostgreSQL and "raw" SQLite (both through Store), and the concurrency checks."""
+    sys.path.insert(0, str(REPO))  # tests/pg.py starts the throw-away cluster, for the tests and for this
+    from tests.pg import throwaway_cluster
+
+    rows: list[Row] = []
+    checks: list[str] = []
+    root = root_receipt()
+    say = lambda msg: print(f"  .. PostgreSQL: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    with throwaway_cluster(durable=True, listen="127.0.0.1") as cluster:
+        say(f"server {cluster.host}:{cluster.port}; {sizes.single} single appends")
+        work = chain(root, sizes.single, run="single")
+        times: dict[str, float] = {}
+        for name, db in (("pg", cluster.create_database("single")), ("sqlite", str(tmp / "pg-single.db"))):
+            with Store.open(db, create=True) as store:
+                store.append(root)
+                times[name] = timed_each(store.append, work)
+        rows.append(Row("append, 1 per transaction", len(work), times["pg"], times["sqlite"]))
+
+        say(f"{sizes.batched} appends in batches of {BATCH}")
+        work = chain(root, sizes.batched, run="batched")
+        for name, db in (("pg", cluster.create_database("batched")), ("sqlite", str(tmp / "pg-batched.db"))):
+            with Store.open(db, create=True) as store:
+                store.append(root)
+                times[name] = timed_each(store.append_many, batches(work, BATCH))
+        rows.append(Row(f"append, batches of {BATCH}", len(work), times["pg"], times["sqlite"]))
+
+        n = sizes.pg_per_writer
+        say(f"{WRITERS} writers x {n}, 1 per transaction")
+        for name, db in (("pg", cluster.create_database("concurrent")), ("sqlite", str(tmp / "pg-conc.db"))):
+            times[name] = concurrent("ours", db, n, 1)
+            checks.append(f"{'PostgreSQL' if name == 'pg' else 'SQLite'}, {WRITERS} writers x {n}: "
+                          f"{check_concurrent(db, n)}")
+        rows.append(Row(f"{WRITERS} writer processes, 1 per transaction", WRITERS * n, times["pg"], times["sqlite"]))
+    return rows, checks
+
+
+def render(rows: list[Row], ours: str = "ours", raw: str = "raw") -> str:
+    head = (f"{'measure':42} {'receipts':>9} {ours + ' s':>8} {ours + '/s':>9} {raw + ' s':>8} {raw + '/s':>9} "
+            f"{ours + '/' + raw:>8}  target")
     lines = [head, "-" * len(head)]
     for r in rows:
         raw_s = f"{r.raw_s:8.3f}" if r.raw_s is not None else f"{'-':>8}"
@@ -373,6 +442,8 @@ def render(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 10x less work)")
+    parser.add_argument("--postgres", action="store_true",
+                        help="instead, compare PostgreSQL with SQLite (a throw-away cluster of Debian's postgresql)")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
@@ -380,12 +451,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.python_version()}, sqlite {sqlite3.sqlite_version}, {os.cpu_count()} cores, "
           f"{'quick' if args.quick else 'full'} sizes {asdict(sizes)}, load average {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
-        rows = run(sizes, Path(tmp))
-    print(render(rows))
+        if args.postgres:
+            rows, checks = postgres_run(sizes, Path(tmp))
+        else:
+            rows, checks = run(sizes, Path(tmp)), []
+    if args.postgres:
+        print("PostgreSQL against SQLite, both through Store (pg/sqlite: PostgreSQL's rate over SQLite's):")
+    print(render(rows, *(("pg", "sqlite") if args.postgres else ())))
+    for line in checks:
+        print(line)
     print(f"load average at the end {os.getloadavg()[0]:.2f} (figures are wall time: other work on the machine "
           "slows them)")
     if args.json:
-        print(json.dumps([{**asdict(r), "ours_rate": r.ours_rate, "raw_rate": r.raw_rate, "ratio": r.ratio}
+        names = ("pg_rate", "sqlite_rate") if args.postgres else ("ours_rate", "raw_rate")
+        print(json.dumps([{**asdict(r), names[0]: r.ours_rate, names[1]: r.raw_rate, "ratio": r.ratio}
                           for r in rows]))
     failed = [r.name for r in rows if r.passed is False]
     print("all targets met" if not failed else f"targets missed: {'; '.join(failed)}")

@@ -24,6 +24,10 @@ from ledger.errors import DatabaseError
 DEFAULT_DB = "ledger.db"
 ENV_DB = "LEDGER_DB"
 BUSY_TIMEOUT_S = 120.0
+# PostgreSQL writers wait on this transaction-level advisory lock, the counterpart of SQLite's BEGIN IMMEDIATE: a
+# sequence hands out seqs before commit, so without it two appends could commit out of seq order (the log's leaves
+# follow seq order; a reader streaming by seq would skip a row committed late) or both extend the log at one index.
+PG_WRITE_LOCK = 0x6C6564676572  # b"ledger"
 
 
 def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
@@ -110,7 +114,18 @@ def display_url(url: str) -> str:
 def make_engine(url: str) -> Engine:
     """An engine configured for safe concurrent appends (see the module docstring)."""
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
+        postgres = make_url(url).get_backend_name() == "postgresql"
+        # READ COMMITTED whatever the server's default: each statement after the lock sees every append committed
+        # before it was granted (under REPEATABLE READ the snapshot would be taken before the lock).
+        engine = create_engine(url, pool_pre_ping=True, **({"isolation_level": "READ COMMITTED"} if postgres else {}))
+        if postgres:
+
+            @event.listens_for(engine, "begin")
+            def _on_pg_begin(conn: Any) -> None:
+                if conn.get_execution_options().get("ledger_write", False):
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})")
+
+        return engine
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_S, "isolation_level": None})
     readonly = is_readonly_url(url)
 

@@ -15,12 +15,21 @@ Canonical JSON (version 1) is UTF-8 JSON with:
 * ``true``, ``false``, ``null``;
 * arrays and objects nested at most ``MAX_DEPTH`` (256) levels deep, for writers and readers alike, so that no
   parser or encoder ever recurses without bound on a hostile document.
+
+Two implementations give the same bytes and the same errors. :func:`canonical_bytes_reference` and
+:func:`parse_canonical_reference` are the reference: a walk that checks every value (naming the path of the first
+bad one), then ``json.dumps``. :func:`canonical_bytes` and :func:`parse_canonical` take a fast path (one cached C
+encoder, checks that cost no per-value Python where the input allows it) and hand anything the fast path cannot
+prove canonical to the reference, which then accepts it or raises its own error. The property tests and the
+vectors of docs/receipts.md §8 check that both agree byte for byte (tests/ledger/test_digests.py).
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import json.encoder
+import json.scanner
 import mmap
 import os
 import re
@@ -104,11 +113,117 @@ def _check_value(value: Any, path: str, depth: int = 0) -> None:
     raise NonCanonical(f"{path}: {type(value).__name__} has no canonical JSON form")
 
 
-def canonical_bytes(value: Any) -> bytes:
-    """Encode ``value`` as canonical JSON bytes; raise NonCanonical for anything without an exact encoding."""
+def canonical_bytes_reference(value: Any) -> bytes:
+    """The reference encoder: check every value (:func:`_check_value`), then ``json.dumps``. Slower than
+    :func:`canonical_bytes`, which must give exactly these bytes and these errors."""
     _check_value(value, "$")
     text = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return text.encode("utf-8")
+
+
+# The fast path. One encoder built once (json.dumps builds one per call, a few microseconds for a small document);
+# no circular-reference markers, since only values proven to be finite trees (_plain) or fresh from json.loads
+# reach it. It refuses NaN and infinities itself (ValueError), and a lone surrogate fails the UTF-8 encoding
+# (UnicodeEncodeError, a ValueError): both go to the reference, which names the value.
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False,
+                                   check_circular=False)
+
+
+def _c_encoder() -> Any:
+    """json's C encoder configured as _ENCODER, built once (``JSONEncoder.encode`` builds one per call); None where
+    the C accelerator is missing or takes other arguments (then _ENCODER.encode is used)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        encoder = make(None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+        probe = {"b": [1, -2.5, None, True, "é\n"], "a": {"": 1e16}}
+        return encoder if "".join(encoder(probe, 0)) == _ENCODER.encode(probe) else None
+    except Exception:  # noqa: BLE001 - another Python's signature: use the portable path
+        return None
+
+
+_C_ENCODER: Final = _c_encoder()
+
+
+def _encode(value: Any) -> str:
+    """The canonical text of a value the fast path vouches for (see canonical_bytes)."""
+    return "".join(_C_ENCODER(value, 0)) if _C_ENCODER is not None else _ENCODER.encode(value)
+
+
+# json's C scanner: json.loads without its Python layers (whitespace skipping, which canonical text never needs).
+_MAKE_SCANNER = getattr(json.scanner, "c_make_scanner", None)
+_SCANNER: Final = _MAKE_SCANNER(json.JSONDecoder()) if _MAKE_SCANNER is not None else None
+
+
+def _scan(text: str) -> Any:
+    """The value of JSON text (json.loads' defaults); ValueError unless one value spans the whole text."""
+    if _SCANNER is None:
+        return json.loads(text)
+    try:
+        value, end = _SCANNER(text, 0)
+    except StopIteration as exc:
+        raise ValueError("no JSON value at the start") from exc
+    if end != len(text):
+        raise ValueError("extra data")
+    return value
+_encode_string: Final = json.encoder.encode_basestring  # json's C string encoder (ensure_ascii=False)
+# Leaves the encoder checks by itself (floats: finite; strings: no lone surrogate, found by the UTF-8 encoding).
+# Exact types only: a subclass (an enum member, say) takes the reference path, which treats it as before.
+_LEAVES: Final = frozenset({str, float, bool, type(None)})
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is built only of exact dict (string keys), list, tuple, str, int (signed 64-bit), float,
+    bool and None, at most MAX_DEPTH levels deep: what the fast encoder may encode without the reference walk.
+    False means "ask the reference", never "invalid"."""
+    t = type(value)
+    if t is dict:
+        if depth >= MAX_DEPTH:
+            return False
+        for k, x in value.items():
+            if type(k) is not str:
+                return False
+            tx = type(x)
+            if tx in _LEAVES:
+                continue
+            if tx is int:
+                if _INT_MIN <= x <= _INT_MAX:
+                    continue
+                return False
+            if not _plain(x, depth + 1):
+                return False
+        return True
+    if t is list or t is tuple:
+        if depth >= MAX_DEPTH:
+            return False
+        for x in value:
+            tx = type(x)
+            if tx in _LEAVES:
+                continue
+            if tx is int:
+                if _INT_MIN <= x <= _INT_MAX:
+                    continue
+                return False
+            if not _plain(x, depth + 1):
+                return False
+        return True
+    if t is int:
+        return _INT_MIN <= value <= _INT_MAX
+    return t in _LEAVES
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """Encode ``value`` as canonical JSON bytes; raise NonCanonical for anything without an exact encoding.
+
+    Exactly :func:`canonical_bytes_reference`'s bytes and errors: values the fast path cannot vouch for (a subclass,
+    an integer out of range, a non-string key, NaN, a lone surrogate, too deep) are encoded by the reference."""
+    if _plain(value):
+        try:
+            return _encode(value).encode("utf-8")
+        except (ValueError, RecursionError):
+            pass
+    return canonical_bytes_reference(value)
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -152,8 +267,67 @@ def json_depth(data: bytes) -> int:
     return deepest
 
 
+# For the fast parser's integer check: digits become "0", the bytes an integer token can follow ("[", ":", ",", and
+# "-" for its sign) become "(", everything else " ". An integer of 19 or more digits (the only ones that can fall
+# outside signed 64 bits) then shows as "(" and 19 zeros, or 19 zeros at the start. So can a digit run inside a
+# string ("blake3:1234..."): the parsed value is then checked exactly, by _plain.
+_NUMBER_SHAPE: Final = bytes(0x30 if 0x30 <= b <= 0x39 else 0x28 if b in b"[:,-" else 0x20 for b in range(256))
+_LONG_INT: Final = b"(" + b"0" * 19
+_LONG_INT_AT_START: Final = b"0" * 19
+
+
 def parse_canonical(data: bytes) -> Any:
-    """Parse canonical JSON bytes. Anything that would not re-encode to exactly ``data`` is an error."""
+    """Parse canonical JSON bytes. Anything that would not re-encode to exactly ``data`` is an error.
+
+    The same values and errors as :func:`parse_canonical_reference`. The fast path parses with json's C scanner and
+    no Python hooks, re-encodes with the C encoder and compares: bytes that re-encode to themselves cannot hold a
+    duplicate key, a non-shortest float, NaN or a non-canonical escape. Only the limits are left to check, from the
+    bytes (brackets, long digit runs) or, when those are inconclusive, on the parsed value. Whatever fails or is
+    unsure is parsed again by the reference, for its verdict and its message."""
+    if type(data) is bytes:
+        try:
+            value = _scan(data.decode("utf-8"))
+            again = _encode(value).encode("utf-8")
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, NaN, a lone surrogate, too deep, ...
+            return parse_canonical_reference(data)
+        if again == data:
+            shape = data.translate(_NUMBER_SHAPE)
+            unsure = (data.count(b"[") + data.count(b"{") > MAX_DEPTH or _LONG_INT in shape
+                      or shape.startswith(_LONG_INT_AT_START))
+            if not unsure or _plain(value):
+                return value
+    return parse_canonical_reference(data)
+
+
+def parse_canonical_lines(lines: Sequence[bytes]) -> list[Any] | None:
+    """The values of many canonical JSON texts (a JSONL file's lines), parsed as one array: one call of json's C
+    scanner and encoder instead of one per line. None when that cannot vouch for every line; parse each with
+    :func:`parse_canonical` then, for its verdict and its message.
+
+    The bracketed, comma-joined lines re-encode to themselves with one element per line exactly when each line is
+    the canonical text of its value (a line that is not one value either changes the count or fails to parse)."""
+    if not lines or any(type(line) is not bytes for line in lines):
+        return None
+    joined = b"[" + b",".join(lines) + b"]"
+    try:
+        values = _scan(joined.decode("utf-8"))
+        again = _encode(values).encode("utf-8")
+    except (ValueError, RecursionError):
+        return None
+    if again != joined or len(values) != len(lines):
+        return None
+    shape = joined.translate(_NUMBER_SHAPE)
+    if _LONG_INT in shape:
+        return None
+    for line, value in zip(lines, values, strict=True):  # depth, line by line (the array adds one level)
+        if line.count(b"[") + line.count(b"{") > MAX_DEPTH and not _plain(value):
+            return None
+    return values
+
+
+def parse_canonical_reference(data: bytes) -> Any:
+    """The reference parser: json.loads with hooks refusing duplicate keys, NaN and non-shortest floats, then the
+    reference encoder, then a byte comparison. :func:`parse_canonical` must agree with it on every input."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -165,7 +339,7 @@ def parse_canonical(data: bytes) -> Any:
         value = json.loads(
             text, object_pairs_hook=reject_duplicate_keys, parse_constant=_reject_constant, parse_float=_parse_float
         )
-        again = canonical_bytes(value)
+        again = canonical_bytes_reference(value)
     except json.JSONDecodeError as exc:
         raise NonCanonical(f"not JSON: {exc.msg} at char {exc.pos}") from exc
     except (_TooDeep, RecursionError) as exc:
@@ -204,16 +378,32 @@ def digest_hex(digest: str) -> str:
     return check_digest(digest)[len(_PREFIX) :]
 
 
+# One hasher per domain with its context key already derived; each digest hashes into a copy of it, which skips
+# deriving the key again (a BLAKE3 compression and an object built from a Python string, per digest).
+_DOMAIN_HASHERS: Final = {domain: blake3.blake3(derive_key_context=_context(domain)) for domain in DOMAINS}
+
+
 def digest_bytes(domain: str, data: bytes | memoryview) -> str:
     """Domain-separated digest of ``data``."""
-    hasher = blake3.blake3(derive_key_context=_context(domain))
+    prototype = _DOMAIN_HASHERS.get(domain)
+    hasher = prototype.copy() if prototype is not None else blake3.blake3(derive_key_context=_context(domain))
     hasher.update(data)
-    return format_digest(hasher.digest())
+    return _PREFIX + hasher.hexdigest()
 
 
 def digest_json(domain: str, value: Any) -> str:
     """Domain-separated digest of the canonical encoding of ``value``."""
     return digest_bytes(domain, canonical_bytes(value))
+
+
+def raw_hasher(*, threads: bool = False) -> blake3.blake3:
+    """An incremental plain BLAKE3 hasher (``raw_digest`` fed in parts); read it with :func:`hasher_digest`."""
+    return blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
+
+
+def hasher_digest(hasher: blake3.blake3) -> str:
+    """The ``blake3:<hex>`` digest of what a :func:`raw_hasher` has been fed."""
+    return _PREFIX + hasher.hexdigest()
 
 
 def raw_digest(data: bytes | memoryview, *, threads: bool = True) -> str:
@@ -307,7 +497,19 @@ def receipt_id(body: bytes) -> str:
 
 def tensor_digest(name: str, dtype: str, shape: Sequence[int], data: str) -> str:
     """The tensor digest: commits to name, dtype, shape and the data digest of its raw bytes."""
-    return digest_json("tensor", {"name": name, "dtype": dtype, "shape": list(shape), "data": data})
+    dims = list(shape)
+    # A checkpoint has one of these per tensor (tens of thousands per audit): its document's canonical bytes are
+    # written directly, keys in their sorted order, when every part is of the exact type that makes that safe.
+    # Anything else takes the general encoder; tests/ledger/test_digests.py checks both give the same digest.
+    if (type(name) is str and type(dtype) is str and type(data) is str
+            and all(type(d) is int and _INT_MIN <= d <= _INT_MAX for d in dims)):
+        text = (f'{{"data":{_encode_string(data)},"dtype":{_encode_string(dtype)},"name":{_encode_string(name)},'
+                f'"shape":[{",".join(map(str, dims))}]}}')
+        try:
+            return digest_bytes("tensor", text.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: the general encoder raises NonCanonical naming it
+            pass
+    return digest_json("tensor", {"name": name, "dtype": dtype, "shape": dims, "data": data})
 
 
 def component_digest(component: str, tensors: Mapping[str, str], scalars: Mapping[str, Any]) -> str:

@@ -180,6 +180,9 @@ KINDS: Final[Mapping[Kind, KindSpec]] = MappingProxyType({
         Schema((Shape({"bytes": int, "log_head": (str, type(None))}, when={"format": "ledger-report-html/1"}),))),
     Kind.NOTE: KindSpec(
         "free-form evidence (examples, operator remarks); no rule beyond the common ones", rules.no_rule, Schema()),
+    Kind.KEY: KindSpec(
+        "a public key allowed to sign receipts from its place in the log on", rules.key,
+        Schema((Shape({"key": str}, when={"format": rules.KEY_FORMAT}),))),
 })
 
 

@@ -12,9 +12,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from ledger.receipts import Receipt
 
 # The Alembic revision this code reads and writes. tests/ledger/test_migrations.py checks it is the only head.
-SCHEMA_HEAD = "0003_receipt_locations"
+SCHEMA_HEAD = "0004_transparency_log"
 # Every revision this code knows, oldest first: a database at one of these but not the head needs an upgrade.
-KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows", "0003_receipt_locations")
+KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows", "0003_receipt_locations", "0004_transparency_log")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -34,7 +34,7 @@ class Base(DeclarativeBase):
 class ReceiptRow(Base):
     __tablename__ = "receipts"
 
-    # Append order; the Merkle log (tamper-evidence) will be built over it.
+    # Append order; the Merkle log (log_leaves, docs/transparency.md) is built over it.
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(DIGEST_LEN), unique=True)
     kind: Mapped[str] = mapped_column(String(32))
@@ -116,3 +116,75 @@ class ReceiptLocationRow(Base):
     uri: Mapped[str] = mapped_column(Text, primary_key=True)
 
     __table_args__ = {"sqlite_with_rowid": False}
+
+
+# ------------------------------------------------------------------------------- the transparency log (0004)
+# docs/transparency.md specifies these tables; ledger/tlog.py writes them inside the append transaction.
+
+
+class SignatureRow(Base):
+    """A signature over a receipt id (ledger/signing.py's 69-byte message) by the key labelled ``key``
+    (``name+<8 hex key id>``). Beside the receipt, not in its body: the id stays the digest of the body. Written in
+    the receipt's append transaction, and committed to by its log leaf."""
+
+    __tablename__ = "receipt_signatures"
+
+    receipt_seq: Mapped[int] = mapped_column(Integer, ForeignKey("receipts.seq"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    signature: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = {"sqlite_with_rowid": False}
+
+
+class LogLeafRow(Base):
+    """Leaf ``leaf_index`` of the Merkle log is the receipt at ``receipt_seq``. Leaf indexes are contiguous from 0
+    (seqs may have gaps) and increase with seq: the log's order is the append order."""
+
+    __tablename__ = "log_leaves"
+
+    # Integer like receipts.seq: on SQLite the rowid itself, so the log's size is one B-tree descent away.
+    leaf_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    # Unique: a receipt is logged once; the index finds a receipt's leaf for its inclusion proof.
+    receipt_seq: Mapped[int] = mapped_column(Integer, ForeignKey("receipts.seq"), unique=True)
+
+
+class LogNodeRow(Base):
+    """A complete node of the Merkle log: the root of the perfect subtree over leaves [idx * 2^level,
+    (idx + 1) * 2^level); level 0 holds the leaf hashes. Complete nodes never change, so the table is append-only
+    like the log, and every root and proof is read from O(log n) of its rows (ledger/merkle.py).
+
+    Keyed by ``pos``, the node's post-order position (ledger/tlog.py ``node_pos``, a function of level and idx): the
+    nodes one append completes have consecutive positions after every earlier node's, so they land together at the
+    end of one B-tree (on SQLite the rowid itself) instead of one page per level. ``level`` and ``idx`` are kept
+    for readers of the table; nothing looks a node up by them.
+    """
+
+    __tablename__ = "log_nodes"
+
+    pos: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    level: Mapped[int] = mapped_column(Integer)
+    idx: Mapped[int] = mapped_column(Integer)
+    hash: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class LogInfoRow(Base):
+    """The log's identity: one row, its checkpoint origin line (``training-ledger/<32 hex>``, random at creation,
+    so copies and forks of a ledger share it and independent ledgers do not)."""
+
+    __tablename__ = "log_info"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    origin: Mapped[str] = mapped_column(String(200))
+
+
+class LogCheckpointRow(Base):
+    """A checkpoint (signed tree head) this ledger issued: the ledger's own record of the sizes it has claimed,
+    which tells a truncated ledger from an older copy (docs/transparency.md, "What verify reports")."""
+
+    __tablename__ = "log_checkpoints"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    root: Mapped[bytes] = mapped_column(LargeBinary)
+    note: Mapped[str] = mapped_column(Text)
+    recorded_ns: Mapped[int] = mapped_column(BigInteger)

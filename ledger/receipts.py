@@ -48,6 +48,7 @@ class Kind(StrEnum):
     SETTLEMENT = "settlement"  # tokens issued when the contracts pass
     REPORT = "report"  # the audit's report rendered as one HTML page
     NOTE = "note"  # free-form evidence (examples, operator remarks); no extra rules
+    KEY = "key"  # registers a public key allowed to sign receipts from here on (docs/transparency.md)
 
 
 KINDS: Final = frozenset(k.value for k in Kind)

@@ -15,6 +15,8 @@ from ledger.errors import ChainBroken
 from ledger.experiment.config import ARMS
 from ledger.experiment.formats import RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
 from ledger.receipts import Receipt
+from ledger.signing import load_public_key
+from ledger.transparency_errors import MalformedKey
 
 Rule = Callable[[Receipt, list[Receipt]], None]
 
@@ -269,6 +271,25 @@ def report(r: Receipt, parents: list[Receipt]) -> None:
     if "html" not in r.artifacts:
         raise broken(r, "a report receipt names its page in artifacts.html", field="artifacts.html",
                      expected="a digest", actual=None)
+
+
+KEY_FORMAT = "ledger-key/1"
+
+
+def key(r: Receipt, parents: list[Receipt]) -> None:
+    """A key registration stands alone (no parents, no experiment, no step) and names one Ed25519 verifier key, so
+    who may sign is itself evidence: signatures by the key count from this receipt's place in the log on."""
+    _forbid(r, "step", "prepared", "selection")
+    if parents:
+        raise broken(r, "a key receipt has no parents", field="parents", expected=[], actual=list(r.parents))
+    vkey = r.measurements.get("key")
+    try:
+        if not isinstance(vkey, str):
+            raise MalformedKey("a verifier key is a string", actual=type(vkey).__name__)
+        load_public_key(vkey)
+    except MalformedKey as exc:
+        raise broken(r, f"measurements.key is not an Ed25519 verifier key: {exc.detail}", field="measurements.key",
+                     expected="name+<8 hex>+base64(0x01 || public key)", actual=vkey) from None
 
 
 def no_rule(r: Receipt, parents: list[Receipt]) -> None:

@@ -29,9 +29,13 @@ import mmap
 import os
 import re
 import struct
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from math import prod
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -189,6 +193,20 @@ class SafetensorsFile:
         return metadata, {e.name: e for e in entries}
 
     def _entry(self, name: str, info: Any, buffer_len: int) -> TensorEntry:
+        # A well-formed entry, recognised in one expression (a checkpoint has thousands); anything else goes
+        # through the checks below, in their order, which name what is wrong.
+        if name and type(info) is dict and len(info) == 3:
+            dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+            if (type(dtype) is str and dtype in DTYPE_SIZES and type(shape) is list and type(offsets) is list
+                    and len(offsets) == 2):
+                begin, end = offsets
+                if (type(begin) is int and type(end) is int and 0 <= begin <= end <= buffer_len
+                        and all(type(d) is int and d >= 0 for d in shape)
+                        and end - begin == prod(shape) * DTYPE_SIZES[dtype]):
+                    return TensorEntry(name, dtype, tuple(shape), self.header_end + begin, self.header_end + end)
+        return self._checked_entry(name, info, buffer_len)
+
+    def _checked_entry(self, name: str, info: Any, buffer_len: int) -> TensorEntry:
         where = f"tensor {name!r}"
         if not name:
             raise self._bad("a tensor has an empty name")
@@ -258,45 +276,100 @@ class SafetensorsFile:
 # --------------------------------------------------------------------------------------------- hashing
 
 
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    """The process's hashing threads, one per core, started once: starting threads for every checkpoint cost more
+    than hashing a small one. A forked child (whose copy of the pool has no threads) starts its own."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="ledger-hash"))
+        return _POOL[1]
+
+
+def _workers() -> int:
+    return os.cpu_count() or 1
+
+
+def _hash_all(buffers: Sequence[bytes | memoryview], threads: bool = False) -> list[str]:
+    return [digests.raw_digest(b, threads=threads) for b in buffers]
+
+
+def _balanced(indices: list[int], sizes: Sequence[int], parts: int) -> list[list[int]]:
+    """``indices`` split into at most ``parts`` lists of about equal total size (largest first, each to the
+    lightest list), so a few pool tasks carry many buffers and finish together."""
+    bins: list[list[int]] = [[] for _ in range(max(1, min(parts, len(indices))))]
+    loads = [0] * len(bins)
+    for i in sorted(indices, key=lambda i: -sizes[i]):
+        k = loads.index(min(loads))
+        bins[k].append(i)
+        loads[k] += sizes[i]
+    return [b for b in bins if b]
+
+
 def hash_buffers(buffers: Sequence[bytes | memoryview], progress: Progress | None = None) -> list[str]:
     """Plain BLAKE3 (``raw_digest``) of each buffer, using every core, without copying.
 
-    Large buffers go one at a time through BLAKE3's multi-threaded mode; the rest run single-threaded on a
-    pool of one thread per core, largest first so the pool finishes evenly.
+    Large buffers go one at a time through BLAKE3's multi-threaded mode; the rest run single-threaded on the
+    hashing threads, in a few tasks of about equal size, while the smallest are hashed by the calling thread.
     """
-    total = sum(len(b) for b in buffers)
+    sizes = [len(b) for b in buffers]
+    total = sum(sizes)
     out: list[str] = [""] * len(buffers)
 
-    def done(i: int) -> None:
+    def done(indices: Sequence[int]) -> None:
         if progress is not None:
-            progress(len(buffers[i]), total)
+            for i in indices:
+                progress(sizes[i], total)
 
-    workers = os.cpu_count() or 1
-    big = [i for i, b in enumerate(buffers) if len(b) >= PARALLEL_MIN_BYTES]
-    pooled = sorted((i for i, b in enumerate(buffers) if _INLINE_MAX_BYTES <= len(b) < PARALLEL_MIN_BYTES),
-                    key=lambda i: -len(buffers[i]))
-    inline = [i for i, b in enumerate(buffers) if len(b) < _INLINE_MAX_BYTES]
-    if workers == 1:
+    workers = _workers()
+    big = [i for i, n in enumerate(sizes) if n >= PARALLEL_MIN_BYTES]
+    pooled = [i for i, n in enumerate(sizes) if _INLINE_MAX_BYTES <= n < PARALLEL_MIN_BYTES]
+    inline = [i for i, n in enumerate(sizes) if n < _INLINE_MAX_BYTES]
+    if workers == 1 or len(pooled) < 2:
         inline, pooled = inline + pooled, []
     for i in big:
         out[i] = digests.raw_digest(buffers[i])
-        done(i)
+        done([i])
+    tasks: list[tuple[list[int], Future[list[str]]]] = []
     if pooled:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ledger-hash") as pool:
-            futures: list[tuple[int, Future[str]]] = [
-                (i, pool.submit(digests.raw_digest, buffers[i], threads=False)) for i in pooled
-            ]
-            for i in inline:  # the small ones run here while the pool works
-                out[i] = digests.raw_digest(buffers[i], threads=False)
-                done(i)
-            inline = []
-            for i, fut in futures:
-                out[i] = fut.result()
-                done(i)
-    for i in inline:
+        pool = _executor()
+        for part in _balanced(pooled, sizes, 2 * workers):
+            tasks.append((part, pool.submit(_hash_all, [buffers[i] for i in part])))
+    for i in inline:  # the small ones run here while the pool works
         out[i] = digests.raw_digest(buffers[i], threads=False)
-        done(i)
+    done(inline)
+    for part, fut in tasks:
+        for i, d in zip(part, fut.result(), strict=True):
+            out[i] = d
+        done(part)
     return out
+
+
+_WINDOW: Final = 256 << 10  # bytes fed to both hashers at a time: they stay in the core's cache between the two
+
+
+def hash_file_and_tensors(sf: SafetensorsFile) -> tuple[str, dict[str, str]]:
+    """A safetensors file's digest and each of its tensors' data digests, in one pass over its bytes.
+
+    Each window of the file is fed to the file's hasher and to its tensor's hasher while it is still in the CPU's
+    cache, so the bytes come from memory once instead of twice (tensors tile the data buffer without gaps: see
+    :class:`SafetensorsFile`). Single-threaded: run several files at once to use every core."""
+    view = sf.file_view()
+    whole = digests.raw_hasher()
+    whole.update(view[: sf.header_end])
+    tensors: dict[str, str] = {}
+    for e in sorted(sf.tensors.values(), key=lambda e: (e.begin, e.end)):
+        part = digests.raw_hasher()
+        for at in range(e.begin, e.end, _WINDOW):
+            window = view[at : min(at + _WINDOW, e.end)]
+            part.update(window)
+            whole.update(window)
+        tensors[e.name] = digests.hasher_digest(part)
+    return digests.hasher_digest(whole), tensors
 
 
 # --------------------------------------------------------------------------------------------- digests
@@ -583,6 +656,38 @@ def _open(path: Path, require_manifest: bool) -> _Opened:
                    components=[comp])
 
 
+class StateCache:
+    """States already recomputed, by path, while it is active (:meth:`active`): within one verification (an audit
+    reads a checkpoint directory cited by several receipts, compares ranks' checkpoints it also verified) each
+    state is read once. Only complete checkpoints and files read with their manifest required are kept. Whoever
+    activates a cache vouches that the files do not change while it is active."""
+
+    def __init__(self) -> None:
+        self._states: dict[Path, CheckpointState] = {}
+
+    @contextmanager
+    def active(self) -> Iterator[StateCache]:
+        token = _ACTIVE_CACHE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE_CACHE.reset(token)
+
+    def get(self, path: Path, files: bool) -> CheckpointState | None:
+        state = self._states.get(path)
+        if state is None or (files and state.files is None):
+            return None
+        return state if files or state.files is None else replace(state, files=None)
+
+    def put(self, state: CheckpointState) -> None:
+        have = self._states.get(state.path)
+        if have is None or have.files is None:
+            self._states[state.path] = state
+
+
+_ACTIVE_CACHE: ContextVar[StateCache | None] = ContextVar("ledger_state_cache", default=None)
+
+
 def read_states(
     paths: Sequence[str | os.PathLike[str]],
     *,
@@ -592,54 +697,204 @@ def read_states(
 ) -> list[CheckpointState]:
     """Recompute the state digests of checkpoint directories or single safetensors files, hashed together.
 
-    ``files=True`` also computes every file's digest (each byte is then hashed twice). A directory without its
-    manifest is refused unless ``require_manifest=False`` (used while writing it).
+    ``files=True`` also computes every file's digest (each byte is then hashed twice; a large file is read once for
+    both where other files keep the other cores busy: :func:`hash_file_and_tensors`). A directory without its
+    manifest is refused unless ``require_manifest=False`` (used while writing it). Inside an active
+    :class:`StateCache`, a path already read is not read again.
+
+    Every path is opened and validated first, in order, and its hashing starts on the hashing threads as soon as it
+    is, so that validating the next one overlaps with hashing this one; at most ``_IN_FLIGHT`` checkpoints are
+    mapped at a time. States are assembled in order once all are hashed, so errors come in the order of the paths.
     """
-    opened: list[_Opened] = []
+    cache = _ACTIVE_CACHE.get() if require_manifest else None
+    wanted = [Path(p) for p in paths]
+    found = {p: cache.get(p, files) for p in wanted} if cache is not None else {}
+    todo = [p for p in dict.fromkeys(wanted) if found.get(p) is None]
+    for state in _read(todo, files, require_manifest, progress, skip_failed=False):
+        found[state.path] = state
+        if cache is not None:
+            cache.put(state)
+    out = []
+    for p in wanted:
+        got = found[p]
+        assert got is not None
+        out.append(got)
+    return out
+
+
+def prefetch_states(paths: Sequence[str | os.PathLike[str]], *, files: bool = False) -> None:
+    """Read the states of complete checkpoints into the active :class:`StateCache` before they are asked for, all
+    at once, so that their hashing keeps every core busy. A path that fails to read is skipped: whoever reads it
+    later (:func:`read_states`) meets the error where it belongs. Without an active cache, nothing is read."""
+    cache = _ACTIVE_CACHE.get()
+    if cache is None:
+        return
+    todo = [p for p in dict.fromkeys(Path(p) for p in paths) if cache.get(p, files) is None]
     try:
-        for p in paths:
-            opened.append(_open(Path(p), require_manifest))
-        buffers: list[bytes | memoryview] = []
-        slots: list[tuple[int, str, str | None]] = []  # (checkpoint, file, tensor name or None for the file)
+        states = _read(todo, files, True, None, skip_failed=True)
+    except Exception:  # e.g. an I/O error while hashing: the reader meets it again
+        return
+    for state in states:
+        cache.put(state)
+
+
+def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progress | None, *,
+          skip_failed: bool) -> list[CheckpointState]:
+    total = sum(_planned_bytes(p) for p in todo)  # bytes of the safetensors files to hash, known before opening
+    report = None if progress is None else (lambda n: progress(n, total * (2 if files else 1)))
+    opened: list[_Opened] = []
+    hashed: dict[int, _Hashed] = {}
+    running: deque[tuple[int, _Hashing]] = deque()
+    out: list[CheckpointState] = []
+    try:
+        for p in todo:
+            try:
+                opened.append(_open(p, require_manifest))
+            except Exception:
+                if not skip_failed:
+                    raise
+                continue
+            running.append((len(opened) - 1, _submit(opened[-1], files, total)))
+            while len(running) > _IN_FLIGHT:
+                k, job = running.popleft()
+                hashed[k] = _collect(opened[k], job, report)
+        while running:
+            k, job = running.popleft()
+            hashed[k] = _collect(opened[k], job, report)
         for k, o in enumerate(opened):
-            for fname, sf in o.files.items():
-                for tname in sf.tensors:
-                    buffers.append(sf.view(tname))
-                    slots.append((k, fname, tname))
-                if files:
-                    buffers.append(sf.file_view())
-                    slots.append((k, fname, None))
-            if files:
-                for name, raw, _ in o.scalars.values():
-                    buffers.append(raw)
-                    slots.append((k, name, None))
-        hashed = hash_buffers(buffers, progress)
-        del buffers
-        return [_assemble(k, o, slots, hashed, files) for k, o in enumerate(opened)]
+            data, file_digests = hashed[k]
+            try:
+                out.append(_assemble(o, data, file_digests if files else None))
+            except Exception:
+                if not skip_failed:
+                    raise
     finally:
+        for _, job in running:  # an error left hashing running: let it finish before unmapping its files
+            job.wait()
         for o in opened:
             o.close()
+    return out
 
 
-def _assemble(k: int, o: _Opened, slots: list[tuple[int, str, str | None]], hashed: list[str],
-              with_files: bool) -> CheckpointState:
+_IN_FLIGHT: Final = 8  # checkpoints whose files are mapped and being hashed at once
+FUSE_MIN_BYTES: Final = 16 << 20  # smaller files are hashed twice from the CPU cache: one pass gains nothing there
+
+# Per checkpoint: file -> tensor -> data digest, and file -> file digest.
+_Hashed = tuple[dict[str, dict[str, str]], dict[str, str]]
+_Slot = tuple[str, str | None]  # (file, tensor), or (file, None) for the digest of the whole file
+
+
+def _planned_bytes(path: Path) -> int:
+    """The bytes a checkpoint's hashing will read (its safetensors files), from a directory listing, before
+    anything is opened: what tells a file that dominates the work from one among many."""
+    try:
+        if path.is_dir():
+            return sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(path)
+                       if e.name.endswith(".safetensors") and e.is_file(follow_symlinks=False))
+        return path.stat().st_size
+    except OSError:
+        return 0  # _open reports it
+
+
+@dataclass
+class _Hashing:
+    """A checkpoint's digests being computed on the hashing threads: which slots each task fills."""
+
+    tasks: list[tuple[list[_Slot], Future[list[str]], int]]  # the slots a task fills, its future, its bytes
+
+    def wait(self) -> None:
+        for _, fut, _ in self.tasks:
+            if not fut.cancel():
+                try:
+                    fut.result()
+                except BaseException:  # noqa: BLE001 - the error that ended the read is the one raised
+                    pass
+
+
+def _fused(sf: SafetensorsFile) -> list[str]:
+    whole, tensors = hash_file_and_tensors(sf)
+    return [whole, *(tensors[name] for name in sf.tensors)]
+
+
+def _submit(o: _Opened, files: bool, total: int) -> _Hashing:
+    """Start hashing one opened checkpoint: every tensor's bytes and, with ``files``, every file.
+
+    A file of at least FUSE_MIN_BYTES that leaves room for other work (``total`` is all the bytes of the read) is
+    one pass for its digest and its tensors'. Otherwise each buffer is hashed on its own: one at least
+    PARALLEL_MIN_BYTES long by BLAKE3's threads, the rest in a few tasks of about equal size."""
+    tasks: list[tuple[list[_Slot], Future[list[str]], int]] = []
+    try:
+        _submit_tasks(o, files, total, tasks)
+    except BaseException:
+        _Hashing(tasks).wait()  # what started must end before the files are unmapped
+        raise
+    return _Hashing(tasks)
+
+
+def _submit_tasks(o: _Opened, files: bool, total: int, tasks: list[tuple[list[_Slot], Future[list[str]], int]]) -> None:
+    workers = _workers()
+    pool = _executor()
+    buffers: list[bytes | memoryview] = []
+    slots: list[_Slot] = []
+    for fname, sf in o.files.items():
+        if files and sf.size >= FUSE_MIN_BYTES and workers > 1 and sf.size * workers <= total:
+            tasks.append(([(fname, None), *((fname, t) for t in sf.tensors)], pool.submit(_fused, sf),
+                          2 * sf.size - sf.header_end))
+            continue
+        for tname in sf.tensors:
+            buffers.append(sf.view(tname))
+            slots.append((fname, tname))
+        if files:
+            buffers.append(sf.file_view())
+            slots.append((fname, None))
+    if files:
+        for name, raw, _ in o.scalars.values():
+            buffers.append(raw)
+            slots.append((name, None))
+    sizes = [len(b) for b in buffers]
+    big = [i for i, n in enumerate(sizes) if n >= PARALLEL_MIN_BYTES]
+    rest = [i for i, n in enumerate(sizes) if n < PARALLEL_MIN_BYTES]
+    for i in big:
+        tasks.append(([slots[i]], pool.submit(_hash_all, [buffers[i]], threads=True), sizes[i]))
+    for part in _balanced(rest, sizes, 2 * workers if sum(sizes[i] for i in rest) >= _INLINE_MAX_BYTES else 1):
+        tasks.append(([slots[i] for i in part], pool.submit(_hash_all, [buffers[i] for i in part]),
+                      sum(sizes[i] for i in part)))
+
+
+def _collect(o: _Opened, job: _Hashing, report: Callable[[int], None] | None) -> _Hashed:
+    """Wait for a checkpoint's digests, then unmap its files (its state is assembled from the digests)."""
+    data: dict[str, dict[str, str]] = {name: {} for name in o.files}
+    file_digests: dict[str, str] = {}
+    try:
+        for task_slots, fut, nbytes in job.tasks:
+            for (fname, tname), digest in zip(task_slots, fut.result(), strict=True):
+                if tname is None:
+                    file_digests[fname] = digest
+                else:
+                    data[fname][tname] = digest
+            if report is not None:
+                report(nbytes)
+    except BaseException:
+        job.wait()
+        raise
+    o.close()
+    return data, file_digests
+
+
+def _assemble(o: _Opened, data: dict[str, dict[str, str]], file_digests: dict[str, str] | None) -> CheckpointState:
     per_comp: dict[str, dict[str, TensorDigest]] = {c: {} for c in o.components}
     comp_files: dict[str, list[str]] = {c: [] for c in o.components}
-    file_digests: dict[str, str] = {}
-    for (kk, fname, tname), data in zip(slots, hashed, strict=True):
-        if kk != k:
-            continue
-        if tname is None:
-            file_digests[fname] = data
-            continue
+    for fname, sf in o.files.items():
         comp = o.owner[fname]
         tensors = per_comp[comp]
-        if tname in tensors:
-            raise UnsafeFile(str(o.path / fname), f"tensor {tname!r} of component {comp!r} also appears in "
-                                                  f"{tensors[tname].file}")
-        e = o.files[fname].tensors[tname]
-        tensors[tname] = TensorDigest(tname, e.dtype, e.shape, data, tensor_digest(tname, e.dtype, e.shape, data),
-                                      fname)
+        digested = data[fname]
+        for tname, e in sf.tensors.items():
+            if tname in tensors:
+                raise UnsafeFile(str(o.path / fname), f"tensor {tname!r} of component {comp!r} also appears in "
+                                                      f"{tensors[tname].file}")
+            d = digested[tname]
+            tensors[tname] = TensorDigest(tname, e.dtype, e.shape, d, tensor_digest(tname, e.dtype, e.shape, d),
+                                          fname)
     for fname, comp in o.owner.items():
         comp_files[comp].append(fname)
     components: dict[str, ComponentState] = {}
@@ -655,8 +910,8 @@ def _assemble(k: int, o: _Opened, slots: list[tuple[int, str, str | None]], hash
         digest = only.digest
     else:
         digest = state_digest({c.name: c.digest for c in components.values()})
-    return CheckpointState(o.path, o.kind, digest, components, dict(sorted(file_digests.items())) if with_files
-                           else None, o.manifest)
+    return CheckpointState(o.path, o.kind, digest, components,
+                           dict(sorted(file_digests.items())) if file_digests is not None else None, o.manifest)
 
 
 def read_state(path: str | os.PathLike[str], *, files: bool = False,

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, te
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from ledger import chain
+from ledger import chain, tlog
 from ledger.database import (
     ENV_DB,
     display_url,
@@ -59,11 +59,18 @@ from ledger.models import (
     ReceiptLocationRow,
     ReceiptRow,
 )
+from ledger.note import Signer
 from ledger.receipts import Receipt
+from ledger.signing import load_private_key
+from ledger.tlog import LeafSignature, LogEntry
 
 MIN_PREFIX = 4
+# A key file whose key signs every receipt a Store opened without an explicit signer appends: set by the main job so
+# that rank processes it launches sign too (docs/transparency.md). Empty counts as unset.
+ENV_SIGNING_KEY = "LEDGER_SIGNING_KEY"
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 _CHUNK = 500  # bound on bound parameters per IN (...) query
+_Signed = Mapping[str, tuple[LeafSignature, ...]]  # receipt id -> the signatures its leaf will commit to
 
 # The append path's statements, built once: building a SQLAlchemy statement per call costs more than running it.
 _SEQS_BY_ID = select(ReceiptRow.id, ReceiptRow.seq, ReceiptRow.recorded_ns).where(
@@ -257,10 +264,13 @@ def _typed_errors(method: Callable[Concatenate[Store, P], T]) -> Callable[Concat
 class Store:
     """An open ledger. Create with :meth:`open`; safe to use from one thread; one per process."""
 
-    def __init__(self, engine: Engine, url: str, *, readonly: str | None = None) -> None:
+    def __init__(self, engine: Engine, url: str, *, readonly: str | None = None, signer: Signer | None = None
+                 ) -> None:
         self.engine = engine
         self.url = url
         self.readonly = readonly  # why this store cannot write (None: it can)
+        # Signs every receipt appended without a signer of its own (None: such receipts are stored unsigned).
+        self.signer = signer
         self._writer = engine.execution_options(ledger_write=True)
         path = sqlite_path(url)
         self._directory = path.parent if path is not None else None
@@ -268,12 +278,19 @@ class Store:
     # --------------------------------------------------------------------------------------------- open
 
     @classmethod
-    def open(cls, db: str | os.PathLike[str] | None = None, *, create: bool = False) -> Store:
+    def open(cls, db: str | os.PathLike[str] | None = None, *, create: bool = False,
+             signer: Signer | None = None) -> Store:
         """Open a ledger, checking its schema revision. ``create`` initialises an empty database.
 
         An SQLite ledger this process cannot write (file, directory or mount read-only) opens read-only: reads
         work, appends raise DatabaseError. Relative locations then resolve against the ledger's directory.
+
+        ``signer`` becomes the store's default signer (:attr:`signer`): every receipt it appends is signed and the
+        signature stored beside it, committed to by its log leaf. Without one, the key file named by
+        ``$LEDGER_SIGNING_KEY`` is loaded if set (a 0600 file, ledger/signing.py).
         """
+        if signer is None and os.environ.get(ENV_SIGNING_KEY):
+            signer = load_private_key(os.environ[ENV_SIGNING_KEY])
         url = resolve_url(db)
         connect, readonly = url, None
         path = sqlite_path(url)
@@ -304,7 +321,7 @@ class Store:
             if current is None or current in KNOWN_REVISIONS:
                 raise SchemaOutOfDate(display_url(url), current, SCHEMA_HEAD)
             raise UnknownSchema(display_url(url), current, SCHEMA_HEAD)
-        return cls(engine, url, readonly=readonly)
+        return cls(engine, url, readonly=readonly, signer=signer)
 
     @property
     def directory(self) -> Path | None:
@@ -332,31 +349,40 @@ class Store:
 
     # ------------------------------------------------------------------------------------------- append
 
-    def append(self, receipt: Receipt, *, check: bool = True) -> Stored:
+    def append(self, receipt: Receipt, *, check: bool = True, signer: Signer | None = None) -> Stored:
         """Append one receipt in its own transaction. Appending an existing id returns the stored one."""
-        return self.append_many([receipt], check=check)[0]
+        return self.append_many([receipt], check=check, signer=signer)[0]
 
     @_typed_errors
-    def append_many(self, receipts: Sequence[Receipt], *, check: bool = True) -> list[Stored]:
+    def append_many(self, receipts: Sequence[Receipt], *, check: bool = True,
+                    signer: Signer | None = None) -> list[Stored]:
         """Append receipts atomically (all or none). Parents must be stored already or come earlier here.
 
         With ``check`` the chain rules run against the parents before anything is written. Each returned
         :class:`Stored` says whether this call stored it (``new``) or found it stored already.
+
+        Each new receipt gets a leaf of the transparency log (ledger/tlog.py) in the same transaction, committing to
+        its id and its signature by ``signer`` (default: :attr:`signer`; none: unsigned). A receipt already stored
+        keeps the signatures it was stored with: its leaf cannot change.
         """
         self._check_writable()
+        signer = signer if signer is not None else self.signer
+        # Signed before the write lock is taken: signing is the costliest step of a signed append.
+        signed = {} if signer is None else tlog.sign_ids(signer, (r.id for r in receipts))
         # First assume none of the given receipts is stored yet, the usual case: that saves looking each one up
         # in the id index (a tenth of a batched append's time). Whatever that assumption could get wrong (an id
         # already stored makes the insert fail; a parent given later or a failed chain rule might be about a
         # stored receipt) rolls back and is decided again with every given id looked up.
         try:
-            return self._append_retrying(receipts, check, careful=False)
+            return self._append_retrying(receipts, check, signed, careful=False)
         except (_Unsure, IntegrityError):
-            return self._append_retrying(receipts, check, careful=True)
+            return self._append_retrying(receipts, check, signed, careful=True)
 
-    def _append_retrying(self, receipts: Sequence[Receipt], check: bool, careful: bool) -> list[Stored]:
+    def _append_retrying(self, receipts: Sequence[Receipt], check: bool, signed: _Signed,
+                         careful: bool) -> list[Stored]:
         for attempt in range(8):
             try:
-                return self._append_many(receipts, check, careful)
+                return self._append_many(receipts, check, signed, careful)
             except IntegrityError:
                 # Careful: another writer stored one of these ids between our read and insert (only possible on
                 # databases without BEGIN IMMEDIATE); retry: the existing rows make it a no-op.
@@ -368,7 +394,8 @@ class Store:
                 time.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _append_many(self, receipts: Sequence[Receipt], check: bool, careful: bool) -> list[Stored]:
+    def _append_many(self, receipts: Sequence[Receipt], check: bool, signed: _Signed,
+                     careful: bool) -> list[Stored]:
         # Core statements on one connection, not ORM objects: the append path is the ledger's hot loop, and ORM
         # unit-of-work and row instances cost more than the SQL itself (benchmarks/README.md).
         now = time.time_ns()
@@ -414,6 +441,8 @@ class Store:
                 seq_of = {rid: seq for rid, (seq, _) in outside.items()}
                 seq_of.update((rid, seq) for rid, (seq, _) in stored.items())
                 new_seqs = _insert(conn, list(batch.values()), now, seq_of)
+                # The log grows in the same transaction, in the order the receipts were inserted (seq order).
+                tlog.append_leaves(conn, [LogEntry(new_seqs[rid], rid, signed.get(rid, ())) for rid in batch])
                 stored.update((rid, (seq, now)) for rid, seq in new_seqs.items())
             out: list[Stored] = []
             for r in receipts:

@@ -4,11 +4,17 @@ the exact payload bytes each rank sends.
 Workers read the same environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so
 `torchrun --nnodes N --nproc-per-node P -m runners.worker ...` runs them across hosts unchanged; our own
 :func:`launch` spawns the same entry point on one host and tears the whole group down as soon as one rank dies.
+
+With ``hosts`` (the namespace hosts of :mod:`runners.hosts`), :func:`launch` puts rank K on host K: by default one
+torchrun agent per host joining a multi-node c10d rendezvous hosted on host 0 (``launcher="torchrun"``), or each
+rank started directly with the env:// variables pointing at host 0 (``launcher="env"``). Either way gloo binds to
+the host's own interface (GLOO_SOCKET_IFNAME), so every collective crosses the shaped links.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,6 +28,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from runners import hosts as hosts_mod
+from runners.hosts import HostSet
+
+LAUNCHERS = ("torchrun", "env")
 
 
 def free_port() -> int:
@@ -141,6 +152,30 @@ class LaunchResult:
         return all(rc == 0 for rc in self.returncodes)
 
 
+def host_command(module: str, args: Sequence[str], world: int, hosts: HostSet, rank: int, port: int,
+                 launcher: str = "torchrun", rdzv_id: str = "ledger") -> tuple[list[str], dict[str, str]]:
+    """The command line and extra environment of ``rank`` on host ``rank`` of ``hosts``.
+
+    ``torchrun``: an agent per host in a c10d rendezvous on host 0's address. c10d ranks nodes by their sorted
+    ``--local-addr``, and the hosts' addresses sort in host order, so host K's worker is rank K (``--node-rank``
+    means something only to the static rendezvous). ``env``: the worker itself, with RANK and MASTER_ADDR set as
+    torchrun would set them, rendezvousing through our worker's own tcp:// init on host 0."""
+    host = hosts[rank]
+    extra = {"GLOO_SOCKET_IFNAME": host.ifname}
+    if launcher == "torchrun":
+        conf = f"is_host={'true' if rank == 0 else 'false'},join_timeout=120"  # is_host: no hostname matching
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(world), "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0].address}:{port}", "--rdzv-id", rdzv_id,
+               "--rdzv-conf", conf, "--local-addr", host.address, "--max-restarts", "0", "-m", module, *args]
+    elif launcher == "env":
+        cmd = [sys.executable, "-m", module, *args]
+        extra.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world), MASTER_ADDR=hosts[0].address,
+                     MASTER_PORT=str(port))
+    else:
+        raise ValueError(f"launcher {launcher!r}: choose from {', '.join(LAUNCHERS)}")
+    return host.argv(cmd), extra
+
+
 def launch(
     module: str,
     args: Sequence[str],
@@ -150,37 +185,59 @@ def launch(
     kill: tuple[int, Path] | None = None,
     grace_s: float = 20.0,
     log_dir: Path | None = None,
+    hosts: HostSet | None = None,
+    kill_host: bool = False,
 ) -> LaunchResult:
-    """Spawn ``world`` ranks of ``python -m module args`` the way torchrun does, on this host.
+    """Spawn ``world`` ranks of ``python -m module args`` the way torchrun does, on this host, or with ``hosts``
+    one rank per namespace host (see :func:`host_command`; a host that died is recreated first).
 
     If any rank exits non-zero (or is killed), the others get ``grace_s`` seconds to notice through their
     collectives' timeout and exit, then are killed: no hang. ``kill=(rank, trigger_file)`` SIGKILLs that rank
-    as soon as the trigger file appears (the worker writes it after the chosen step), for the recovery run.
+    as soon as the trigger file appears (the worker writes it after the chosen step), for the recovery run; with
+    ``kill_host`` the rank's whole host dies instead (:func:`runners.hosts.fail_host`: link, processes, namespace).
     """
-    port = free_port()
+    if kill_host and hosts is None:
+        raise ValueError("kill_host needs hosts: only a namespace host can die")
+    if hosts is not None:
+        if len(hosts) < world:
+            raise ValueError(f"{world} ranks need {world} hosts, {len(hosts)} are up")
+        hosts = hosts_mod.ensure(hosts)  # a host that died (recovery's second case) is made anew, as a scheduler would
+    # A port on host 0: its namespace runs only our processes, so any unprivileged port is free there.
+    port = free_port() if hosts is None else random.randrange(20000, 60000)
     procs: list[subprocess.Popen[bytes]] = []
     base = dict(os.environ)
     base.update(env or {})
-    base.update({"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    if hosts is None:
+        base.update({"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     # One intra-op thread per rank when ranks share cores: the thread count changes float bits and
     # oversubscription is >10x slower here. The worker pins and records it; this keeps BLAS in line too.
     base.setdefault("OMP_NUM_THREADS", "1")
+    rdzv_id = f"ledger-{os.getpid()}-{time.time_ns()}"
     start = time.perf_counter()
     for rank in range(world):
-        penv = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
         out: Any = subprocess.DEVNULL
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
             out = open(log_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed when the process ends
-        procs.append(subprocess.Popen([sys.executable, "-m", module, *args], env=penv, stdout=out,
-                                      stderr=subprocess.STDOUT))
+        if hosts is None:
+            cmd, penv = [sys.executable, "-m", module, *args], dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+        else:
+            cmd, extra = host_command(module, args, world, hosts, rank, port, hosts.launcher, rdzv_id)
+            penv = dict(base, **extra)
+        procs.append(subprocess.Popen(cmd, env=penv, stdout=out, stderr=subprocess.STDOUT))
     failed: int | None = None
     first_death: float | None = None
     killed = False
     while True:
         codes = [p.poll() for p in procs]
         if kill is not None and not killed and kill[1].exists():
-            procs[kill[0]].send_signal(signal.SIGKILL)
+            if kill_host:
+                assert hosts is not None
+                hosts_mod.fail_host(hosts.network, hosts[kill[0]])
+            elif hosts is not None and hosts.launcher == "torchrun":
+                hosts_mod.kill_tree(procs[kill[0]].pid, include_root=False)  # the worker; its agent then fails
+            else:
+                procs[kill[0]].send_signal(signal.SIGKILL)
             killed = True
         if failed is None:
             bad = [i for i, c in enumerate(codes) if c is not None and c != 0]
@@ -192,7 +249,10 @@ def launch(
         if first_death is not None and time.perf_counter() - first_death > grace_s:
             for p in procs:
                 if p.poll() is None:
-                    p.kill()
+                    if hosts is not None:
+                        hosts_mod.kill_tree(p.pid)  # a torchrun agent's worker goes with it
+                    else:
+                        p.kill()
         time.sleep(0.02)
     end = time.perf_counter()
     return LaunchResult(

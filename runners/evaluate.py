@@ -30,10 +30,10 @@ import torch
 from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_jsonl
 from ledger.errors import InputError
 from ledger.experiment.config import ARMS, ExperimentConfig, config_from_bytes, single_rank_arm
-from ledger.experiment.tokenizer import CharTokenizer
+from ledger.experiment.tokenizer import Tokenizer, tokenizer_from_bytes
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from runners.model import CausalLM, TinyLM, build_model, greedy_generate, sequence_nll
+from runners.model import CausalLM, HFCausalLM, TinyLM, build_model, greedy_generate, sequence_nll
 from runners.prepare import artifact_root, pinned_threads
 from verify import evaluation as ev
 from verify import statistics as st
@@ -51,7 +51,7 @@ class Scored:
     seconds: float
 
 
-def score(model: CausalLM, tokenizer: CharTokenizer, documents: Sequence[Mapping[str, Any]],
+def score(model: CausalLM, tokenizer: Tokenizer, documents: Sequence[Mapping[str, Any]],
           probes: Sequence[Mapping[str, Any]], *, max_new_tokens: int, batch_size: int) -> Scored:
     """Outcome rows of ``documents`` (selection records) and retention rows of ``probes``; deterministic.
 
@@ -92,7 +92,7 @@ class EvalInputs:
     selection: Receipt
     contract: Receipt | None
     config: ExperimentConfig
-    tokenizer: CharTokenizer
+    tokenizer: Tokenizer
     documents: list[dict[str, Any]]
     probes: list[dict[str, Any]]
     artifacts: ArtifactStore
@@ -116,7 +116,7 @@ def load_inputs(store: Store, artifacts: ArtifactStore, prepared: str | None = N
     sel = selections[-1].receipt
     contracts = store.find(kind="contract", prepared=prep.prepared)
     config = config_from_bytes(read_artifact(artifacts, prep.artifacts["config"], name="config"))
-    tokenizer = CharTokenizer.from_bytes(read_artifact(artifacts, prep.artifacts["tokenizer"], name="tokenizer"))
+    tokenizer = tokenizer_from_bytes(read_artifact(artifacts, prep.artifacts["tokenizer"], name="tokenizer"))
     documents = read_jsonl(artifacts, sel.artifacts["eval_selection"], name="eval_selection")
     probes = read_jsonl(artifacts, sel.artifacts["retention_probes"], name="retention_probes")
     return EvalInputs(prep, sel, contracts[-1].receipt if contracts else None, config, tokenizer, documents, probes,
@@ -149,7 +149,7 @@ def trained_arms(store: Store, prepared: str) -> dict[str, Receipt]:
 
 
 def load_model(checkpoint: Path, config: ExperimentConfig, vocab_size: int, *, state: str, model: str,
-               receipt: str | None = None) -> TinyLM:
+               receipt: str | None = None) -> TinyLM | HFCausalLM:
     """The model of a checkpoint directory, after verifying every file against its manifest and the state and
     model digests against the receipt's (torch-free, by :func:`ledger.state.verify_checkpoint`); never unpickles."""
     from safetensors.torch import load_file

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,14 +18,17 @@ from typing import Any
 
 from ledger.artifacts import ArtifactStore, default_root
 from ledger.experiment.config import ARMS
-from ledger.store import Store
+from ledger.store import ENV_SIGNING_KEY, Store
+from ledger.transparency import export_head, operator_key_path, operator_setup
 from runners.evaluate import run_evaluation
+from runners.hosts import HostSet
 from runners.prepare import load_prepared, run_prepare
 from runners.recover import run_recover
 from runners.serving import REPLICAS, run_serving
 from runners.train import summarize_arm, train_arm
 from verify.audit import audit
 from verify.report_page import render_page, report_receipt
+from verify.transparency import verify_head
 
 # (label, total steps, rank 0's progress file, the work) -> what work() returned
 TrainProgress = Callable[[str, int, Path, Callable[[], Any]], Any]
@@ -57,7 +61,26 @@ def _run(label: str, total: int, progress_file: Path, work: Callable[[], Any]) -
 
 
 def run_experiment(workdir: Path, db: str, config: Path | None, *, on_step: Callable[[str], None] | None = None,
-                   train_progress: TrainProgress | None = None) -> ExperimentResult:
+                   train_progress: TrainProgress | None = None, hosts: HostSet | None = None) -> ExperimentResult:
+    """The whole experiment (see :func:`_experiment`), every receipt signed by the operator key
+    ``<workdir>/keys/operator.key`` (created and registered first): in this process and in every rank and replica
+    it starts, through ``$LEDGER_SIGNING_KEY`` (docs/transparency.md)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    signer = operator_setup(workdir, db)
+    previous = os.environ.get(ENV_SIGNING_KEY)
+    os.environ[ENV_SIGNING_KEY] = str(operator_key_path(workdir))
+    try:
+        return _experiment(workdir, db, config, signer, on_step=on_step, train_progress=train_progress, hosts=hosts)
+    finally:
+        if previous is None:
+            os.environ.pop(ENV_SIGNING_KEY, None)
+        else:
+            os.environ[ENV_SIGNING_KEY] = previous
+
+
+def _experiment(workdir: Path, db: str, config: Path | None, signer: Any, *,
+                on_step: Callable[[str], None] | None = None, train_progress: TrainProgress | None = None,
+                hosts: HostSet | None = None) -> ExperimentResult:
     """Prepare from ``config`` (default: the built-in config) into ``workdir`` and the ledger ``db``, train every
     arm and append its summary, recover the contract's primary arm, evaluate, audit, and write
     ``<workdir>/report.json``.
@@ -65,6 +88,8 @@ def run_experiment(workdir: Path, db: str, config: Path | None, *, on_step: Call
     ``on_step(message)`` is told as each step starts. ``train_progress(label, total_steps, progress_file, work)``
     runs ``work()`` (one arm's training, whose rank 0 writes its progress to ``progress_file``) and returns its
     value; the CLI passes one that shows a progress bar meanwhile. Raises RunFailed if an arm's group fails.
+    With ``hosts`` (docs/hosts.md) the arms, the recovery and the serving replicas run one rank or replica per
+    namespace host; prepare, evaluation and the audit run here.
     """
     step = on_step if on_step is not None else (lambda message: None)
     wrap = train_progress if train_progress is not None else _run
@@ -83,7 +108,8 @@ def run_experiment(workdir: Path, db: str, config: Path | None, *, on_step: Call
         step(f"train {arm}")
         progress = workdir / "logs" / f"progress-{arm}.json"
         progress.parent.mkdir(parents=True, exist_ok=True)
-        work = functools.partial(train_arm, workdir, db, arm, prepared=prepared, extra=["--progress", str(progress)])
+        work = functools.partial(train_arm, workdir, db, arm, prepared=prepared, extra=["--progress", str(progress)],
+                                 hosts=hosts)
         _, run = wrap(f"train {arm}", cfg.train.steps, progress, work)
         with Store.open(db) as store:
             summarize_arm(store, prepared, arm, run)
@@ -92,7 +118,7 @@ def run_experiment(workdir: Path, db: str, config: Path | None, *, on_step: Call
     t0 = time.perf_counter()
     primary_arm = cfg.contract.primary_arm
     step(f"recover {primary_arm}: kill rank 1, restart from the common checkpoint, compare every rank")
-    recovered = run_recover(workdir, db, arm=primary_arm, prepared=prepared)
+    recovered = run_recover(workdir, db, arm=primary_arm, prepared=prepared, hosts=hosts)
     seconds["recover"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -102,19 +128,25 @@ def run_experiment(workdir: Path, db: str, config: Path | None, *, on_step: Call
 
     t0 = time.perf_counter()
     step(f"serve {primary_arm}'s final model from {REPLICAS} replicas: phases single, four, failure")
-    run_serving(workdir, db, prepared=prepared)
+    run_serving(workdir, db, prepared=prepared, hosts=hosts)
     seconds["serve"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     step("audit: verify every receipt, recompute the report and render report.html")
     with Store.open(db) as store:
         arts = ArtifactStore(default_root(store.url))
+        # A signed head of everything recorded so far: the audit proves the ledger extends it and holds every
+        # receipt; the page names it. The final head (with the audit's own receipts) is exported at the end.
+        export_head(store, signer, workdir / "audited-head.txt")
+        head_text = (workdir / "audited-head.txt").read_text()
+        verify_head(store, head_text.encode(), trusted=[signer.verifier])
         audited = audit(store, arts, prepared)
         assert audited.receipt is not None
-        page = render_page(store, arts, audited.receipt, audited.report)
+        page = render_page(store, arts, audited.receipt, audited.report, log_head=head_text)
         arts.put_bytes(page)
         assert audited.settlement is not None
-        store.append(report_receipt(audited.receipt, audited.settlement, page))
+        store.append(report_receipt(audited.receipt, audited.settlement, page, log_head=head_text))
+        export_head(store, signer, workdir / "log-head.txt")
     seconds["audit"] = time.perf_counter() - t0
     seconds["total"] = time.perf_counter() - started
 

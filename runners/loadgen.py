@@ -38,6 +38,7 @@ import httpx
 
 from ledger import serving_digests as sd
 from ledger.errors import InputError, LedgerError
+from runners.hosts import HostSet
 from runners.serve import DEFAULT_MODEL_NAME, ReplicaSpec
 from verify import serving as vs
 
@@ -358,14 +359,20 @@ def _wait_ready(replica: Replica, ready: Path, spec: ReplicaSpec, deadline: floa
 
 
 def start_replicas(n: int, spec: ReplicaSpec, *, base_port: int | None = None, host: str = "127.0.0.1",
-                   startup_timeout: float = 120.0, log_dir: Path | None = None) -> ReplicaSet:
+                   startup_timeout: float = 120.0, log_dir: Path | None = None,
+                   hosts: HostSet | None = None) -> ReplicaSet:
     """Start ``n`` replica processes of ``spec`` in parallel and wait until each answers ``/health`` with its pid
     and the expected model digest. Ports: ``base_port + i``, or kernel-chosen when ``base_port`` is None. Replica
     stderr goes to ``<log_dir>/replica-<i>.log`` (a temporary directory by default). On any failure (and on
-    KeyboardInterrupt) every replica already started is stopped before the error propagates."""
+    KeyboardInterrupt) every replica already started is stopped before the error propagates.
+
+    With ``hosts`` (namespace hosts, :mod:`runners.hosts`), replica i runs on host i at its address instead of on
+    loopback; the caller must then run in a namespace that reaches them (:func:`runners.hosts.in_namespace`)."""
     if n < 1:
         raise InputError(f"start at least one replica, not {n}")
-    if host not in LOOPBACK:
+    if hosts is not None and len(hosts) < n:
+        raise InputError(f"{n} replicas need {n} hosts, {len(hosts)} are up")
+    if hosts is None and host not in LOOPBACK:
         raise InputError(f"replicas are started on loopback only, not {host!r}")
     workdir = tempfile.TemporaryDirectory(prefix="ledger-replicas-")
     logs = Path(log_dir) if log_dir is not None else Path(workdir.name)
@@ -381,8 +388,11 @@ def start_replicas(n: int, spec: ReplicaSpec, *, base_port: int | None = None, h
             ready = Path(workdir.name) / f"ready-{i}.json"
             log = logs / f"replica-{i}.log"
             port = 0 if base_port is None else base_port + i
-            cmd = [sys.executable, "-m", "runners.serve", *spec.argv(), "--host", host, "--port", str(port),
-                   "--ready-file", str(ready), "--parent-pid", str(os.getpid())]
+            cmd = [sys.executable, "-m", "runners.serve", *spec.argv(), "--host",
+                   host if hosts is None else hosts[i].address, "--port", str(port), "--ready-file", str(ready),
+                   "--parent-pid", str(os.getpid())]
+            if hosts is not None:
+                cmd = hosts[i].argv(cmd)  # exec all the way: the pid is the replica's, its parent is us
             with open(log, "wb") as err:
                 process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                            env=env, start_new_session=True)
@@ -407,7 +417,8 @@ def stop_replicas(replicas: ReplicaSet) -> None:
 
 def run_serving(replicas: ReplicaSet, requests: Sequence[Mapping[str, Any]], *,
                 concurrency: int = DEFAULT_CONCURRENCY, run_prefix: str = "serve", kill_index: int = 1,
-                kill_after: int | None = None, timeouts: Timeouts = Timeouts()) -> dict[str, Any]:
+                kill_after: int | None = None, timeouts: Timeouts = Timeouts(),
+                allow_remote: bool = False) -> dict[str, Any]:
     """The three phases over running replicas: ``single`` (the first endpoint), ``four`` (all of them) and
     ``failure`` (all; replica ``kill_index`` is SIGKILLed once ``kill_after`` requests have started, default a
     quarter). Returns {request_set, requests, replicas (their /health at the start), phases}."""
@@ -417,10 +428,12 @@ def run_serving(replicas: ReplicaSet, requests: Sequence[Mapping[str, Any]], *,
     after = len(requests) // 4 if kill_after is None else kill_after
     phases = {
         "single": run_phase("single", endpoints[:1], requests, concurrency, f"{run_prefix}-single",
-                            timeouts=timeouts),
-        "four": run_phase("four", endpoints, requests, concurrency, f"{run_prefix}-four", timeouts=timeouts),
+                            timeouts=timeouts, allow_remote=allow_remote),
+        "four": run_phase("four", endpoints, requests, concurrency, f"{run_prefix}-four", timeouts=timeouts,
+                          allow_remote=allow_remote),
         "failure": run_phase("failure", endpoints, requests, concurrency, f"{run_prefix}-failure",
-                             Kill(after, replicas.killer(kill_index), endpoints[kill_index]), timeouts=timeouts),
+                             Kill(after, replicas.killer(kill_index), endpoints[kill_index]), timeouts=timeouts,
+                             allow_remote=allow_remote),
     }
     return {
         "request_set": sd.request_set_digest(requests),

@@ -1,4 +1,4 @@
-"""The small decoder-only transformer (plain torch), greedy generation, and the optional Hugging Face loader.
+"""The small decoder-only transformer (plain torch), greedy generation, and Hugging Face causal LMs.
 
 ``TinyLM``: token + learned positional embeddings, ``n_layers`` pre-norm blocks (causal self-attention through
 ``scaled_dot_product_attention(is_causal=True)`` and a GELU MLP), a final LayerNorm and an LM head (untied by
@@ -8,6 +8,11 @@ default) draws its masks from a generator the caller sets, so every random bit h
 Tied embeddings (``model.tie_embeddings``) make ``head.weight`` and ``tok_emb.weight`` one storage. safetensors
 refuses to save shared tensors; runners/checkpoint.py clones them, so a tied checkpoint stores the weight under both
 names (the model digest covers both) and ``load_state_dict`` re-fills the one shared parameter.
+
+``HFCausalLM``: a Hugging Face causal LM from a local directory (``model.kind = "hf"``; never the network) behind
+the same call, ids in and logits out. :func:`build_model` makes either kind: the architecture with seeded initial
+weights, which prepare replaces by the directory's own weights (:func:`initial_model`) and every other user by a
+checkpoint's.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -118,13 +124,27 @@ class TinyLM(nn.Module):
         return logits
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, seed: int) -> TinyLM:
-    """A freshly initialised :class:`TinyLM`; the same (cfg, vocab_size, seed) always gives the same bits."""
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, seed: int) -> TinyLM | HFCausalLM:
+    """A freshly initialised model of ``cfg`` in ``cfg.dtype``; the same (cfg, vocab_size, seed) always gives the
+    same bits. For ``hf``, the architecture of ``cfg.path``'s ``config.json`` (its weights are not read here)."""
+    if cfg.kind == "hf":
+        return hf_from_config(cfg, vocab_size, seed)
     if cfg.kind != "tiny":
-        raise InputError(f"build_model makes model.kind 'tiny'; use load_hf_causal_lm for {cfg.kind!r}")
+        raise InputError(f"unknown model.kind {cfg.kind!r}")
     model = TinyLM(cfg, vocab_size)
     model.init_weights(torch.Generator().manual_seed(seed))
-    return model
+    return model.to(DTYPES[cfg.dtype])
+
+
+def initial_model(cfg: ModelConfig, vocab_size: int, seed: int) -> TinyLM | HFCausalLM:
+    """The model prepare starts from: for ``hf`` the directory's own weights when it has any (a pretrained base
+    model), else, like ``tiny``, :func:`build_model`'s seeded initialisation."""
+    if cfg.kind == "hf" and _has_weights(Path(cfg.path)):
+        return load_hf_causal_lm(cfg.path, dtype=DTYPES[cfg.dtype], max_len=cfg.max_len, vocab_size=vocab_size)
+    return build_model(cfg, vocab_size, seed)
 
 
 def param_count(model: nn.Module) -> int:
@@ -221,26 +241,73 @@ def sequence_nll(model: CausalLM, sequences: Sequence[Sequence[int]], *, batch_s
 
 
 class HFCausalLM(nn.Module):
-    """A Hugging Face causal LM behind the same call as :class:`TinyLM`: ids in, logits out."""
+    """A Hugging Face causal LM behind the same call as :class:`TinyLM`: ids in, logits out.
 
-    def __init__(self, inner: Any) -> None:
+    Right padding needs no attention mask: causal attention never lets a real position see a later pad.
+    ``max_len`` is the configured bound (``model.max_len``), at most the model's own position limit.
+    """
+
+    def __init__(self, inner: Any, max_len: int | None = None) -> None:
         super().__init__()
         self.inner = inner
         config = inner.config
-        self.max_len = int(getattr(config, "max_position_embeddings", None) or config.n_positions)
+        limit = int(getattr(config, "max_position_embeddings", None) or config.n_positions)
+        if max_len is not None and max_len > limit:
+            raise InputError(f"model.max_len {max_len} exceeds the model's max_position_embeddings {limit}")
+        self.max_len = max_len if max_len is not None else limit
         self.vocab_size = int(config.vocab_size)
+        self.dropout_generator: torch.Generator | None = None  # HF dropout draws from the (seeded) global RNG
 
     def forward(self, idx: Tensor) -> Tensor:
+        if idx.shape[1] > self.max_len:
+            raise InputError(f"sequence of {idx.shape[1]} tokens exceeds the model's max_len {self.max_len}")
         logits: Tensor = self.inner(input_ids=idx, use_cache=False).logits
         return logits
 
 
-def load_hf_causal_lm(path: str, *, dtype: torch.dtype = torch.float32) -> HFCausalLM:
-    """Load a causal LM from a local directory (never the network). Needs the optional ``hf`` extra."""
+def _transformers() -> Any:
     try:
         import transformers
     except ImportError as exc:
         raise InputError("model.kind = 'hf' needs the optional extra: pip install 'training-ledger[hf]'") from exc
-    inner = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, torch_dtype=dtype)
+    transformers.utils.logging.disable_progress_bar()  # a rank's log is for its own lines
+    return transformers
+
+
+def _has_weights(path: Path) -> bool:
+    return any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json"))
+
+
+def _check_vocab(model: HFCausalLM, vocab_size: int | None, path: str) -> HFCausalLM:
+    if vocab_size is not None and model.vocab_size != vocab_size:
+        raise InputError(f"model at {path} has vocab_size {model.vocab_size}, its tokenizer {vocab_size}")
+    return model
+
+
+def hf_from_config(cfg: ModelConfig, vocab_size: int | None, seed: int) -> HFCausalLM:
+    """The architecture of ``cfg.path/config.json`` with initial weights drawn under ``torch.manual_seed(seed)``
+    (transformers initialises from the global generator, so it is forked and restored around the call)."""
+    transformers = _transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(cfg.path, local_files_only=True)
+    except OSError as exc:
+        raise InputError(f"model.path {cfg.path}: no readable config.json ({str(exc).splitlines()[0]})") from exc
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        inner = transformers.AutoModelForCausalLM.from_config(config, dtype=DTYPES[cfg.dtype],
+                                                              attn_implementation="sdpa")
     inner.eval()
-    return HFCausalLM(inner)
+    return _check_vocab(HFCausalLM(inner, cfg.max_len), vocab_size, cfg.path)
+
+
+def load_hf_causal_lm(path: str, *, dtype: torch.dtype = torch.float32, max_len: int | None = None,
+                      vocab_size: int | None = None) -> HFCausalLM:
+    """Load a causal LM with its weights from a local directory (never the network). Needs the ``hf`` extra."""
+    transformers = _transformers()
+    try:
+        inner = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
+                                                                  attn_implementation="sdpa")
+    except OSError as exc:
+        raise InputError(f"model.path {path}: cannot load a causal LM ({str(exc).splitlines()[0]})") from exc
+    inner.eval()
+    return _check_vocab(HFCausalLM(inner, max_len), vocab_size, path)

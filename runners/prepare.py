@@ -4,7 +4,8 @@
 seed checkpoint directory under ``<workdir>/checkpoints``), then appends three receipts:
 
 * ``prepare``: artifacts {config, train_data, tokenizer, seed_state, model, pretrain_corpus}; ``prepared`` is
-  :func:`ledger.digests.prepared_digest` of them.
+  :func:`ledger.digests.prepared_digest` of them. ``pretrain_corpus`` is the JSONL of
+  :func:`ledger.experiment.corpus.corpus_records`: every text the seed was pretrained on.
 * ``selection`` (parent: prepare): artifacts {eval_selection, retention_probes}; ``selection`` is
   :func:`ledger.digests.selection_digest` of them; measurements count documents per family and variant.
 * ``contract`` (parent: prepare): the pre-registered quality, efficiency and serving thresholds, before training.
@@ -13,10 +14,12 @@ Everything is a function of the config (and of the Python/torch build, which the
 config prepared twice, in two processes, gives the same artifacts, the same digests and the same receipt ids, so
 re-running appends nothing new.
 
-The seed model: :func:`runners.model.build_model` pretrained for ``pretrain.steps`` on random character windows of
-``pydoc_data.topics`` (the ~465 KB of Python's own help text, shipped with Python), with the intra-op thread count
-pinned. Its retention probes are windows it was trained on, chosen by seed, each stored with the step it was
-first seen at.
+The seed model: :func:`runners.model.initial_model` (``tiny``: a seeded initialisation; ``hf``: the model
+directory's own weights) pretrained for ``pretrain.steps`` on random windows of the pretraining stream
+(:mod:`ledger.experiment.corpus`: the pydoc topics and a few task documents, each framed by BOS and EOS), with the
+intra-op thread count pinned. Its retention probes are pydoc windows it was trained on, chosen by seed, each stored
+with the step it was first seen at. The tokenizer is a character tokenizer built from the data (``tiny``) or the
+model directory's ``tokenizer.json`` (``hf``).
 """
 
 from __future__ import annotations
@@ -40,15 +43,15 @@ import torch.nn.functional as F
 from ledger import digests
 from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_json, read_jsonl
 from ledger.errors import InputError, LedgerError
-from ledger.experiment import tasks
+from ledger.experiment import corpus, tasks
 from ledger.experiment.config import ARMS, ExperimentConfig, PretrainConfig, config_from_bytes, load_config
-from ledger.experiment.tokenizer import CharTokenizer
+from ledger.experiment.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, tokenizer_from_json
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from runners.model import TinyLM, build_model, param_count
+from runners.model import initial_model, param_count
 
-CORPUS_SOURCE: Final = "pydoc_data.topics"
-PROBE_FORMAT: Final = "pydoc-window"
+CORPUS_SOURCE: Final = corpus.PYDOC_SOURCE
+PROBE_FORMAT: Final = corpus.PROBE_FORMAT
 # Stream labels for tasks.derived_seed / derived_rng (the task generators use 1..3).
 _STREAM_PRETRAIN: Final = 10
 _STREAM_PROBES: Final = 11
@@ -60,10 +63,12 @@ _LOSS_POINTS: Final = 32  # how many points of the pretraining loss curve the pr
 
 
 def corpus_text() -> str:
-    """The pretraining corpus: every ``pydoc_data.topics`` entry in key order, separated by blank lines."""
-    from pydoc_data.topics import topics
+    """Every ``pydoc_data.topics`` entry in key order, separated by blank lines (the pydoc part of the corpus)."""
+    return "\n\n".join(text for _, text in corpus.pydoc_topics())
 
-    return "\n\n".join(topics[key] for key in sorted(topics))
+
+def stream_tensor(stream: corpus.Stream) -> torch.Tensor:
+    return torch.tensor(stream.ids, dtype=torch.long)
 
 
 # ---------------------------------------------------------------------------------------------- pretraining
@@ -87,8 +92,8 @@ def _lr_at(step: int, cfg: PretrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def pretrain(model: TinyLM, ids: torch.Tensor, cfg: PretrainConfig, seed: int) -> PretrainResult:
-    """Character-level LM training on random windows of ``ids``; every draw comes from ``Rngs(seed, 0)``.
+def pretrain(model: torch.nn.Module, ids: torch.Tensor, cfg: PretrainConfig, seed: int) -> PretrainResult:
+    """LM training on random windows of the token stream ``ids``; every draw comes from ``Rngs(seed, 0)``.
 
     A window is ``seq_len + 1`` tokens starting at an offset drawn with the rank generators' Python stream; the
     model predicts tokens 1.. from tokens ..-1 of it. The caller pins the thread count.
@@ -96,7 +101,7 @@ def pretrain(model: TinyLM, ids: torch.Tensor, cfg: PretrainConfig, seed: int) -
     from runners.rng import Rngs
 
     rngs = Rngs.from_seed(seed, 0)
-    model.dropout_generator = rngs.torch
+    model.dropout_generator = rngs.torch  # type: ignore[assignment]
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     span = len(ids) - cfg.seq_len - 1
@@ -121,38 +126,21 @@ def pretrain(model: TinyLM, ids: torch.Tensor, cfg: PretrainConfig, seed: int) -
         losses.append(float(loss.detach()))
     seconds = time.perf_counter() - start
     model.eval()
-    model.dropout_generator = None
+    model.dropout_generator = None  # type: ignore[assignment]
     return PretrainResult(losses, windows, seconds, opt, rngs)
 
 
-def retention_probes(text: str, windows: Sequence[tuple[int, int]], seq_len: int, count: int,
-                     seed: int) -> list[dict[str, Any]]:
-    """``count`` distinct pretraining windows (``seq_len + 1`` characters each), chosen by seed.
-
-    Each record: probe index, offset, the step the window was first trained on, its text, and its digest
-    (domain ``document``) over source, offset and text.
-    """
-    first_seen: dict[int, int] = {}
-    for step, offset in windows:
-        first_seen.setdefault(offset, step)
-    offsets = sorted(first_seen)
-    if count > len(offsets):
-        raise InputError(f"data.retention_probes = {count} but pretraining saw only {len(offsets)} distinct "
-                         "windows; train longer or ask for fewer probes")
-    chosen = tasks.shuffled(offsets, tasks.derived_rng(seed, _STREAM_PROBES))[:count]
-    probes = []
-    for i, offset in enumerate(chosen):
-        window = text[offset : offset + seq_len + 1]
-        body = {"format": PROBE_FORMAT, "source": CORPUS_SOURCE, "offset": offset, "text": window}
-        probes.append({"probe": i, "offset": offset, "step": first_seen[offset], "text": window,
-                       "document": digests.document_digest(body)})
-    return probes
+def retention_probes(stream: corpus.Stream, tokenizer: Tokenizer, windows: Sequence[tuple[int, int]], seq_len: int,
+                     count: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` distinct pretraining windows inside pydoc text, chosen by seed (see
+    :func:`ledger.experiment.corpus.retention_probes`)."""
+    return corpus.retention_probes(stream, tokenizer, windows, seq_len, count, tasks.derived_rng(seed, _STREAM_PROBES))
 
 
 # --------------------------------------------------------------------------------------------- checkpoint
 
 
-def _save_seed(model: TinyLM, result: PretrainResult, directory: Path,
+def _save_seed(model: torch.nn.Module, result: PretrainResult, directory: Path,
                meta: dict[str, Any]) -> tuple[str, str, Path]:
     """Write the seed checkpoint as ``<directory>/seed-<state hex[:16]>``; returns (state, model digest, path).
 
@@ -280,9 +268,6 @@ def prepare(config: ExperimentConfig, workdir: Path, store: Store) -> PrepareRes
     """Generate and store every prepare artifact, then append the prepare, selection and contract receipts."""
     from runners.rng import seed_global_rngs
 
-    if config.model.kind != "tiny":
-        raise InputError("prepare builds and pretrains model.kind = 'tiny'; preparing an 'hf' seed is not "
-                         "implemented yet (load one with runners.model.load_hf_causal_lm)")
     t_start = time.perf_counter()
     workdir = Path(workdir)
     arts = ArtifactStore(artifact_root(workdir))
@@ -290,25 +275,30 @@ def prepare(config: ExperimentConfig, workdir: Path, store: Store) -> PrepareRes
     # The checkpoint captures the process-global generators too: seed them so the seed state is reproducible.
     seed_global_rngs(tasks.derived_seed(seed, _STREAM_PRETRAIN), 0)
 
-    text = corpus_text()
-    corpus_digest = arts.put_bytes(text.encode("utf-8"))
-
     held_out = tasks.eval_selection(seed, config.data.eval_per_variant)
     train = tasks.training_documents(seed, config.data.train_per_variant, held_out)
     train_digest = put_jsonl(arts, (d.to_json() for d in train))
     selection_docs_digest = put_jsonl(arts, (d.to_json() for d in held_out))
+    records = corpus.corpus_records(train, config.pretrain.task_documents)
+    corpus_digest = put_jsonl(arts, records)
 
-    tokenizer = CharTokenizer.build([text, *(d.text for d in train), *(d.text for d in held_out)])
+    tokenizer: CharTokenizer | HFTokenizer
+    if config.model.kind == "hf":  # a real model comes with its own tokenizer
+        tokenizer = HFTokenizer.from_model_dir(config.model.path)
+    else:
+        tokenizer = CharTokenizer.build([*corpus.record_texts(records), *(d.text for d in train),
+                                         *(d.text for d in held_out)])
     tokenizer_digest = arts.put_bytes(tokenizer.canonical_bytes())
+    stream = corpus.build_stream(records, tokenizer)
     config_digest = arts.put_bytes(config.canonical_bytes())
     if config_digest != config.digest():  # the artifact store and the config must agree on the config's name
         raise LedgerError(f"config artifact {config_digest} differs from config.digest() {config.digest()}")
 
     with pinned_threads(config.pretrain.threads):
-        model = build_model(config.model, tokenizer.vocab_size, tasks.derived_seed(seed, _STREAM_INIT))
-        ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
-        result = pretrain(model, ids, config.pretrain, tasks.derived_seed(seed, _STREAM_PRETRAIN))
-        probes = retention_probes(text, result.windows, config.pretrain.seq_len, config.data.retention_probes, seed)
+        model = initial_model(config.model, tokenizer.vocab_size, tasks.derived_seed(seed, _STREAM_INIT))
+        result = pretrain(model, stream_tensor(stream), config.pretrain, tasks.derived_seed(seed, _STREAM_PRETRAIN))
+        probes = retention_probes(stream, tokenizer, result.windows, config.pretrain.seq_len,
+                                  config.data.retention_probes, seed)
         probes_digest = put_jsonl(arts, probes)
         meta = {"role": "seed", "step": config.pretrain.steps, "config": config_digest, "rank": 0, "world": 1}
         state_digest, model_digest, ckpt = _save_seed(model, result, workdir / "checkpoints", meta)
@@ -333,13 +323,16 @@ def prepare(config: ExperimentConfig, workdir: Path, store: Store) -> PrepareRes
         measurements={
             "experiment": config.name,
             "documents": {"train": len(train), **{k: v for k, v in tasks.counts(train).items() if k != "documents"}},
-            "corpus": {"source": CORPUS_SOURCE, "characters": len(text), "bytes": len(text.encode("utf-8")),
-                       "python": platform.python_version()},
-            "tokenizer": {"kind": "char", "vocab_size": tokenizer.vocab_size},
-            "model": {"kind": config.model.kind, "parameters": param_count(model),
+            "corpus": {"source": CORPUS_SOURCE, "python": platform.python_version(),
+                       "documents": {src: stream.sources.count(src) for src in (corpus.PYDOC_SOURCE,
+                                                                                  corpus.TASK_SOURCE)},
+                       "characters": sum(len(t) for t in corpus.record_texts(records)), "tokens": len(stream.ids)},
+            "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size},
+            "model": {"kind": config.model.kind, "dtype": config.model.dtype, "parameters": param_count(model),
                       "tensors": len(model.state_dict())},
             "pretrain": {"steps": config.pretrain.steps, "batch_size": config.pretrain.batch_size,
-                         "seq_len": config.pretrain.seq_len, "threads": threads,
+                         "seq_len": config.pretrain.seq_len, "task_documents": config.pretrain.task_documents,
+                         "threads": threads,
                          "first_loss": first_loss, "final_loss": final_loss,
                          "losses": _loss_curve(result.losses)},
             "software": {"torch": torch.__version__, "python": sys.version.split()[0]},
@@ -355,8 +348,10 @@ def prepare(config: ExperimentConfig, workdir: Path, store: Store) -> PrepareRes
         artifacts=selection_artifacts,
         measurements={
             "selection": tasks.counts(held_out),
-            "retention_probes": {"documents": len(probes), "characters": config.pretrain.seq_len + 1,
-                                 "source": CORPUS_SOURCE, "exposure": "windows the seed model was pretrained on"},
+            "retention_probes": {"documents": len(probes), "tokens": config.pretrain.seq_len + 1,
+                                 "source": CORPUS_SOURCE,
+                                 "exposure": "windows the seed model was pretrained on" if result.windows else
+                                 "public pydoc text, not pretrained on here (the seed is a base model as it is)"},
         },
     )
     contract_receipt = make_receipt("contract", prepared=prepared, parents=[prepare_receipt],
@@ -409,9 +404,14 @@ class Prepared:
 
     receipt: Receipt
     config: ExperimentConfig
-    tokenizer: CharTokenizer
+    tokenizer: CharTokenizer | HFTokenizer
     train: list[tasks.Document]
     seed_checkpoint: Path
+    pretrain_corpus: list[dict[str, Any]]  # its records (fine-tuning mixes in windows of their stream)
+
+    def stream(self) -> corpus.Stream:
+        """The seed's pretraining token stream, rebuilt from the corpus and the tokenizer."""
+        return corpus.build_stream(self.pretrain_corpus, self.tokenizer)
 
 
 def load_prepared(store: Store, arts: ArtifactStore, prepared: str) -> Prepared:
@@ -422,11 +422,12 @@ def load_prepared(store: Store, arts: ArtifactStore, prepared: str) -> Prepared:
     receipt = found[0]
     a = receipt.artifacts
     config = config_from_bytes(read_artifact(arts, a["config"], name="config"))
-    tokenizer = CharTokenizer.from_json(read_json(arts, a["tokenizer"], name="tokenizer"))
+    tokenizer = tokenizer_from_json(read_json(arts, a["tokenizer"], name="tokenizer"))
     train = [tasks.Document.from_json(r) for r in read_jsonl(arts, a["train_data"], name="train_data")]
+    records = read_jsonl(arts, a["pretrain_corpus"], name="pretrain_corpus")
     ckpt = arts.locate(a["seed_state"], store.evidence_locations(receipt.id, "seed_state", a["seed_state"]),
                        name="seed checkpoint", directory=True)
-    return Prepared(receipt, config, tokenizer, train, ckpt)
+    return Prepared(receipt, config, tokenizer, train, ckpt, records)
 
 
 def load_selection(store: Store, arts: ArtifactStore, selection: str) -> tuple[list[tasks.Document], list[Any]]:

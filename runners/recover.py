@@ -27,6 +27,7 @@ from ledger.experiment.config import ARMS
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from runners.distributed import LaunchResult
+from runners.hosts import HostSet
 from runners.prepare import load_prepared
 from runners.train import summarize_arm, train_arm
 from verify.recovery import SUMMARY_FORMAT, SUMMARY_SCOPE, compare_rank, rank_passed
@@ -60,6 +61,7 @@ class KilledGroup:
 
     result: LaunchResult
     observed_step: int
+    host: str | None = None  # the namespace host that died with the rank (``kill_host``), else None
 
 
 @dataclass(frozen=True)
@@ -131,23 +133,27 @@ def plan_recovery(db: str, *, arm: str | None = None, kill_rank: int = 1, kill_a
 
 
 def train_uninterrupted(workdir: Path, db: str, plan: RecoveryPlan, *, steps: int | None,
-                        timeout: float) -> None:
+                        timeout: float, hosts: HostSet | None = None) -> None:
     """Train the reference run ``plan.base`` from the start, uninterrupted (RunFailed if it fails)."""
-    train_arm(workdir, db, plan.arm, run=plan.base, prepared=plan.prepared, steps=steps, timeout=timeout)
+    train_arm(workdir, db, plan.arm, run=plan.base, prepared=plan.prepared, steps=steps, timeout=timeout,
+              hosts=hosts)
 
 
-def run_killed(workdir: Path, db: str, plan: RecoveryPlan, *, steps: int | None, timeout: float) -> KilledGroup:
-    """Launch the recovered run with its planned kill; the group must fail because of it (and only so)."""
+def run_killed(workdir: Path, db: str, plan: RecoveryPlan, *, steps: int | None, timeout: float,
+               hosts: HostSet | None = None, kill_host: bool = False) -> KilledGroup:
+    """Launch the recovered run with its planned kill; the group must fail because of it (and only so). With
+    ``kill_host`` the killed rank's namespace host dies with it (docs/hosts.md)."""
     trigger = workdir / "logs" / f"kill-{plan.run.replace('/', '_')}-{time.time_ns()}.json"
     trigger.parent.mkdir(parents=True, exist_ok=True)
     failed, _ = train_arm(workdir, db, plan.arm, run=plan.run, prepared=plan.prepared, steps=steps, timeout=timeout,
                           extra=["--kill-after-step", str(plan.kill_after_step), "--kill-rank", str(plan.kill_rank),
-                                 "--kill-trigger", str(trigger)], kill=(plan.kill_rank, trigger), check=False)
+                                 "--kill-trigger", str(trigger)], kill=(plan.kill_rank, trigger), check=False,
+                          hosts=hosts, kill_host=kill_host)
     if failed.ok or not trigger.exists():
         raise LedgerError(f"the planned kill of rank {plan.kill_rank} after step {plan.kill_after_step} did not "
                           f"happen (exit codes {failed.returncodes})")
     observed = json.loads(trigger.read_text())  # written atomically by the rank once the step is done
-    return KilledGroup(failed, int(observed["step"]))
+    return KilledGroup(failed, int(observed["step"]), hosts[plan.kill_rank].name if hosts and kill_host else None)
 
 
 def record_fault(db: str, plan: RecoveryPlan, killed: KilledGroup) -> Fault:
@@ -163,18 +169,20 @@ def record_fault(db: str, plan: RecoveryPlan, killed: KilledGroup) -> Fault:
                           "last_observed_step": killed.observed_step, "failed_group_seconds": failed.seconds,
                           "detect_seconds": failed.detect_seconds, "returncodes": failed.returncodes,
                           "restore_step": resume_step,
-                          "restore": {str(k): v.id for k, v in sorted(restore.items())}},
+                          "restore": {str(k): v.id for k, v in sorted(restore.items())},
+                          **({"host_removed": killed.host} if killed.host else {})},
         )).receipt
     return Fault(receipt, restore, resume_step)
 
 
 def run_restarted(workdir: Path, db: str, plan: RecoveryPlan, fault: Fault, *, steps: int | None, timeout: float,
-                  restore_extra: list[str] | None = None) -> LaunchResult:
+                  restore_extra: list[str] | None = None, hosts: HostSet | None = None) -> LaunchResult:
     """Restart the whole group, each rank from its checkpoint of ``fault``, to the end (RunFailed if it fails)."""
     mapping = workdir / "logs" / f"restore-{fault.receipt.id[7:23]}.json"
     mapping.write_text(json.dumps({str(k): v.id for k, v in fault.restore.items()}))
     restarted, _ = train_arm(workdir, db, plan.arm, run=plan.run, prepared=plan.prepared, steps=steps,
-                             timeout=timeout, extra=["--restore", str(mapping), *(restore_extra or [])])
+                             timeout=timeout, extra=["--restore", str(mapping), *(restore_extra or [])],
+                             hosts=hosts)  # a host that died is recreated by the launch
     return restarted
 
 
@@ -215,18 +223,21 @@ def compare_recovery(db: str, plan: RecoveryPlan, killed: KilledGroup, fault: Fa
 def run_recover(workdir: Path, db: str, *, arm: str | None = None, kill_rank: int = 1,
                 kill_after_step: int | None = None, prepared: str | None = None, steps: int | None = None,
                 timeout: float = 20.0, restore_extra: list[str] | None = None,
-                run: str | None = None) -> RecoveryResult:
+                run: str | None = None, hosts: HostSet | None = None, kill_host: bool = False) -> RecoveryResult:
     """Run the uninterrupted arm if needed, the killed group, the restart, and the per-rank comparisons.
 
     ``arm`` defaults to the prepared config's ``contract.primary_arm``. ``run`` names the recovered run (default
     ``recover/<arm>``, or ``recover/<arm>/<n>`` when the ledger already has that run): each attempt is its own run,
-    so its common checkpoint is never taken from an earlier attempt.
+    so its common checkpoint is never taken from an earlier attempt. With ``hosts`` every group runs one rank per
+    namespace host; ``kill_host`` makes the killed rank's host die (link, processes, namespace) and the restarted
+    group run on the host made anew.
     """
     plan = plan_recovery(db, arm=arm, kill_rank=kill_rank, kill_after_step=kill_after_step, prepared=prepared,
                          steps=steps, run=run)
     if not plan.base_complete:
-        train_uninterrupted(workdir, db, plan, steps=steps, timeout=timeout)
-    killed = run_killed(workdir, db, plan, steps=steps, timeout=timeout)
+        train_uninterrupted(workdir, db, plan, steps=steps, timeout=timeout, hosts=hosts)
+    killed = run_killed(workdir, db, plan, steps=steps, timeout=timeout, hosts=hosts, kill_host=kill_host)
     fault = record_fault(db, plan, killed)
-    restarted = run_restarted(workdir, db, plan, fault, steps=steps, timeout=timeout, restore_extra=restore_extra)
+    restarted = run_restarted(workdir, db, plan, fault, steps=steps, timeout=timeout, restore_extra=restore_extra,
+                              hosts=hosts)
     return compare_recovery(db, plan, killed, fault, restarted)

@@ -28,6 +28,7 @@ from ledger.experiment.formats import SERVE_PHASE_FORMAT, SERVE_REPLICA_FORMAT, 
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from runners import loadgen
+from runners.hosts import HostSet, ensure, in_namespace
 from runners.prepare import load_prepared, load_selection
 from runners.serve import ReplicaSpec
 from verify import serving as vs
@@ -77,9 +78,12 @@ def replica_spec(store: Store, arts: ArtifactStore, prepared: str, source: Recei
 
 def run_serving(workdir: Path, db: str, *, prepared: str | None = None, replicas: int = REPLICAS,
                 requests: int = 64, concurrency: int = 4,
-                progress: Callable[[str], None] | None = None) -> ServingResult:
+                progress: Callable[[str], None] | None = None, hosts: HostSet | None = None) -> ServingResult:
     """Serve the primary arm's final model from ``replicas`` loopback replicas, run the three phases, stop every
-    replica (also on errors and Ctrl-C), then record the replica, phase and summary receipts."""
+    replica (also on errors and Ctrl-C), then record the replica, phase and summary receipts.
+
+    With ``hosts``, replica i runs on namespace host i and the load client on the switch (the operator's seat,
+    docs/hosts.md), so every request and answer crosses the shaped links."""
     say = progress or (lambda _m: None)
     with Store.open(db) as store:
         arts = ArtifactStore(default_root(store.url))
@@ -94,21 +98,25 @@ def run_serving(workdir: Path, db: str, *, prepared: str | None = None, replicas
     # 64 as in the reference; a small experiment's selection may hold fewer documents.
     request_set = loadgen.request_set(documents, min(requests, len(documents)))
     say(f"starting {replicas} replicas of {arm}'s final model {source.artifacts['model'][:19]}")
-    with loadgen.start_replicas(replicas, spec, log_dir=workdir / "logs" / "serve") as running:
-        say("serving phases single, four and failure")
-        served = loadgen.run_serving(running, request_set, concurrency=concurrency, run_prefix=f"serve/{arm}")
+    def serve() -> dict[str, Any]:
+        with loadgen.start_replicas(replicas, spec, log_dir=workdir / "logs" / "serve", hosts=hosts) as running:
+            say("serving phases single, four and failure")
+            return loadgen.run_serving(running, request_set, concurrency=concurrency, run_prefix=f"serve/{arm}",
+                                       allow_remote=hosts is not None)
+
+    served = serve() if hosts is None else in_namespace(ensure(hosts).network.switch, serve)
     with Store.open(db) as store:
         return record_serving(store, ArtifactStore(default_root(store.url)), served, source=source,
-                              contract=contract, arm=arm)
+                              contract=contract, arm=arm, hosts=hosts)
 
 
 def record_serving(store: Store, arts: ArtifactStore, served: dict[str, Any], *, source: Receipt, contract: Receipt,
-                   arm: str) -> ServingResult:
+                   arm: str, hosts: HostSet | None = None) -> ServingResult:
     """The receipts of a finished serving run (see the module docstring), appended in one transaction."""
     prepared = source.prepared
-    host = socket.gethostname()
     replicas: list[Receipt] = []
     for i, health in enumerate(served["replicas"]):
+        host = socket.gethostname() if hosts is None else hosts[i].name
         replicas.append(make_receipt(
             "replica", run=f"serve/{arm}", rank=i, prepared=prepared, parents=[source],
             artifacts={"model": source.artifacts["model"], "state": source.artifacts["state"]},

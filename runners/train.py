@@ -5,10 +5,11 @@ how their ranks synchronise, which is one strategy per ``Arm.sync`` in :mod:`run
 same for every arm. One rank: start from the seed model (or restore a checkpoint), train step by step, checkpoint
 every K steps and at the end, append a receipt for each, and finish with a ``train-end`` receipt.
 
-All arms see the same data and the same global batch: the documents of step ``s`` are a function of
-(seed, s) only, split into equal contiguous shards by rank. All randomness flows from explicit generators derived
-from (seed, rank), and the intra-op thread count is pinned and recorded, so a rerun is bit-identical and a run
-resumed from a checkpoint consumes exactly what the uninterrupted run did.
+All arms see the same data and the same global batch: the documents of step ``s`` and the pretraining windows mixed
+into it (``train.pretrain_mix``) are functions of (seed, s) only, split into equal contiguous shards by rank. All
+randomness flows from explicit generators derived from (seed, rank), and the intra-op thread count is pinned and
+recorded, so a rerun is bit-identical and a run resumed from a checkpoint consumes exactly what the uninterrupted
+run did.
 
 Run a worker the way torchrun does: ``torchrun --nproc-per-node 4 -m runners.train --workdir W --db D --arm A``;
 :func:`train_arm` launches it on this host and :func:`summarize_arm` appends the arm's summary.
@@ -38,8 +39,9 @@ from ledger import digests
 from ledger.artifacts import ArtifactStore, default_root
 from ledger.errors import InputError, LedgerError, RunFailed
 from ledger.experiment.config import ARMS, ExperimentConfig
+from ledger.experiment.corpus import window_offsets
 from ledger.experiment.tasks import Document
-from ledger.experiment.tokenizer import CharTokenizer
+from ledger.experiment.tokenizer import Tokenizer
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from runners.arms import Strategy, strategy_for
@@ -55,6 +57,7 @@ from runners.distributed import (
     launch,
     shutdown_group,
 )
+from runners.hosts import HostSet
 from runners.model import build_model
 from runners.prepare import Prepared, load_model_weights, load_prepared
 from runners.rng import Rngs, seed_global_rngs
@@ -78,7 +81,7 @@ def shard(indices: Sequence[int], rank: int, world: int) -> list[int]:
     return list(indices[rank * per : (rank + 1) * per])
 
 
-def encode_batch(tok: CharTokenizer, docs: Sequence[Document], loss_on: str,
+def encode_batch(tok: Tokenizer, docs: Sequence[Document], loss_on: str,
                  max_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inputs, targets and loss mask (answer + EOS tokens, or every token) padded to the longest document."""
     rows: list[list[int]] = []
@@ -100,15 +103,37 @@ def encode_batch(tok: CharTokenizer, docs: Sequence[Document], loss_on: str,
     return ids_t[:, :-1], ids_t[:, 1:], mask_t
 
 
+def window_batch(stream: torch.Tensor | None, cfg: ExperimentConfig, step: int, rank: int,
+                 world: int) -> torch.Tensor | None:
+    """This rank's pretraining windows of ``step`` (``[n, pretrain_window + 1]`` token ids), or None without a mix.
+
+    The step's ``train.pretrain_windows`` offsets are a function of (seed, step), split into contiguous shards by
+    rank like the documents, so single and DDP train on the same windows and a resumed run reads the same ones."""
+    count = cfg.train.pretrain_windows
+    if stream is None or count == 0:
+        return None
+    seq_len = cfg.train.pretrain_window
+    offsets = window_offsets(cfg.seed, step, len(stream) - seq_len - 1, count)
+    mine = offsets if world == 1 else shard(offsets, rank, world)
+    return torch.stack([stream[o : o + seq_len + 1] for o in mine])
+
+
 def documents_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                   denominator: int) -> torch.Tensor:
-    """Sum over documents of each document's mean token NLL, divided by ``denominator`` (the global batch for
-    DDP, so that summing ranks' gradients gives the gradient of the global mean)."""
+                   denominator: int, windows: torch.Tensor | None = None, weight: float = 1.0) -> torch.Tensor:
+    """Sum over documents of each document's mean token NLL, plus ``weight`` times the same for every pretraining
+    window, divided by ``denominator`` (the documents of the global batch for DDP, so that summing ranks'
+    gradients gives the gradient of the global objective). The objective is therefore the documents' mean loss
+    plus ``pretrain_mix * pretrain_weight`` times the windows' mean loss."""
     inputs, targets, mask = batch
     logits = model(inputs)
     nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
     per_doc = (nll * mask).sum(dim=1) / mask.sum(dim=1)
-    return per_doc.sum() / denominator
+    total = per_doc.sum()
+    if windows is not None:  # a separate forward: windows are longer than documents, so padding them together wastes
+        w_logits = model(windows[:, :-1])
+        w_nll = F.cross_entropy(w_logits.transpose(1, 2), windows[:, 1:], reduction="none").mean(dim=1).sum()
+        total = total + weight * w_nll
+    return total / denominator
 
 
 def lr_at(cfg: ExperimentConfig, step: int) -> float:
@@ -251,6 +276,7 @@ class RankRun:
     binding: dict[str, Any]
     run_dir: Path
     figures: Figures = field(default_factory=Figures)
+    stream: torch.Tensor | None = None  # the seed's pretraining stream, when windows are mixed into the batches
 
     @property
     def cfg(self) -> ExperimentConfig:
@@ -308,8 +334,9 @@ def set_up(args: argparse.Namespace, env: RankEnv, store: Store) -> RankRun:
     optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, weight_decay=tcfg.weight_decay)
     strategy = strategy_for(arm, model, tcfg, comm)  # after model.to(device): DiLoCo copies the weights here
     binding = _binding(env, args.arm, args.run, device, torch.get_num_threads())
+    stream = torch.tensor(prep.stream().ids, dtype=torch.long) if tcfg.pretrain_windows else None
     return RankRun(args, env, store, artifacts, prep, device, comm, rngs, model, optimizer, strategy, binding,
-                   _run_dir(args, env.rank))
+                   _run_dir(args, env.rank), stream=stream)
 
 
 def start_or_restore(rr: RankRun, faults: FaultPlan) -> tuple[Receipt, int, int]:
@@ -360,12 +387,14 @@ def train_step(rr: RankRun, step: int, data_offset: int) -> float:
     mine = [mine[i] for i in rr.rngs.numpy.permutation(len(mine))]
     rr.rngs.torch.manual_seed(rr.rngs.python.getrandbits(62))
     batch = encode_batch(rr.prep.tokenizer, [rr.prep.train[i] for i in mine], tcfg.loss_on, cfg.model.max_len)
-    figures.tokens += int(batch[2].sum())
+    windows = window_batch(rr.stream, cfg, step + data_offset, env.rank, env.world)
+    figures.tokens += int(batch[2].sum()) + (0 if windows is None else windows[:, 1:].numel())
     for group in rr.optimizer.param_groups:
         group["lr"] = lr_at(cfg, step)
     rr.optimizer.zero_grad(set_to_none=True)
     denominator = rr.strategy.loss_denominator(len(mine))
-    loss = documents_loss(rr.model, tuple(t.to(rr.device) for t in batch), denominator)  # type: ignore[arg-type]
+    loss = documents_loss(rr.model, tuple(t.to(rr.device) for t in batch), denominator,  # type: ignore[arg-type]
+                          None if windows is None else windows.to(rr.device), tcfg.pretrain_weight)
     loss.backward()
     rr.strategy.after_backward()
     if tcfg.grad_clip > 0:
@@ -499,22 +528,26 @@ def summarize_arm(store: Store, prepared: str, arm: str, run: str) -> Receipt:
 
 def train_arm(workdir: Path, db: str, arm: str, *, run: str | None = None, prepared: str | None = None,
               steps: int | None = None, timeout: float = 30.0, extra: Sequence[str] = (),
-              kill: tuple[int, Path] | None = None, check: bool = True) -> tuple[LaunchResult, str]:
-    """Launch every rank of ``arm`` on this host and wait; returns (launch result, run name).
+              kill: tuple[int, Path] | None = None, check: bool = True, hosts: HostSet | None = None,
+              kill_host: bool = False) -> tuple[LaunchResult, str]:
+    """Launch every rank of ``arm`` on this host (or one per namespace host of ``hosts``) and wait; returns
+    (launch result, run name). ``kill_host``: the planned kill removes the rank's host, not only its process.
 
     Raises RunFailed (naming the first rank that failed, every exit code and the log directory) if any rank
     failed, unless ``check=False``: a group that is meant to fail (the recovery's killed run, a refused restore)
     returns its result like any other.
     """
     run = run or f"train/{arm}"
-    args = ["--workdir", str(workdir), "--db", str(db), "--arm", arm, "--run", run, "--timeout", str(timeout)]
+    # --run-name, not --run: torchrun (the launcher on hosts) would take --run for its --run-path.
+    args = ["--workdir", str(workdir), "--db", str(db), "--arm", arm, "--run-name", run, "--timeout", str(timeout)]
     if prepared:
         args += ["--prepared", prepared]
     if steps is not None:
         args += ["--steps", str(steps)]
     args += list(extra)
     log_dir = workdir / "logs" / run.replace("/", "_")
-    result = launch("runners.train", args, ARMS[arm].world, kill=kill, log_dir=log_dir)
+    result = launch("runners.train", args, ARMS[arm].world, kill=kill, log_dir=log_dir, hosts=hosts,
+                    kill_host=kill_host)
     if check and not result.ok:
         raise RunFailed(arm, result.failed_rank, list(result.returncodes), str(log_dir))
     return result, run

@@ -14,13 +14,14 @@ from ledger import digests
 from ledger.digests import prepared_digest, selection_digest
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
+from tests.pg import backend, db_url, ledger_url, make_db_url, postgres_cluster, postgres_template  # noqa: F401
 
 # Property tests keep no example database: throw-away files belong under temporary directories, not the repo.
 settings.register_profile("ledger", database=None)
 settings.load_profile("ledger")
 
 
-LEDGER_ENV = ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG")
+LEDGER_ENV = ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG", "LEDGER_KEYS", "LEDGER_SIGNING_KEY", "LEDGER_WITNESS")
 
 
 def clear_ledger_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,7 @@ from ledger.artifacts import ArtifactStore
 from ledger.experiment.formats import AUDIT_FORMAT, SETTLEMENT_FORMAT
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from verify.receipts import verify_receipt
+from verify.receipts import Verifier
 from verify.report import build_report
 
 
@@ -38,16 +38,20 @@ def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *
     digest = store.latest_prepared(prepared)
     report, cited = build_report(store, digest)
     checks: list[str] = []
+    # One verifier for every cited receipt: their ancestries overlap (the prepare, the training chains, the evals),
+    # and each row, chain rule, kind check, artifact copy and checkpoint state is verified once for the audit.
+    verifier = Verifier(store, artifacts, require_artifacts=True)
     for r in cited:
         if progress:
             progress(f"verifying {r.kind} {r.id[:19]}")
-        checks.extend(verify_receipt(store, r.id, artifacts=artifacts, require_artifacts=True).checks)
+        checks.extend(verifier.verify(r.id).checks)
     result = AuditResult(report, cited, sorted(set(checks)))
     # The receipts exist (with their content ids) whether or not they are recorded: a page rendered with
     # --no-record still names the audit it shows.
+    report_bytes = digests.canonical_bytes(report)
     result.receipt = make_receipt(
         "audit", run="audit", prepared=digest, parents=cited,
-        artifacts={"report": digests.raw_digest(digests.canonical_bytes(report))},
+        artifacts={"report": digests.raw_digest(report_bytes)},
         measurements={"format": AUDIT_FORMAT, "contracts": report["contracts"],
                       "tokens_issued": report["learning"]["tokens_issued"]})
     result.settlement = make_receipt(
@@ -57,6 +61,6 @@ def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *
                               "contracts all pass", "contracts": report["contracts"]})
     result.recorded = record
     if record:
-        artifacts.put_bytes(digests.canonical_bytes(report))
+        artifacts.put_bytes(report_bytes)
         store.append_many([result.receipt, result.settlement])
     return result

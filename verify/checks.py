@@ -45,6 +45,7 @@ CHECKS: Final[Mapping[Kind, tuple[KindCheck, ...]]] = MappingProxyType({
     Kind.SETTLEMENT: (check_schema,),  # restates its audit: a chain rule
     Kind.REPORT: (check_schema, guarded(report_page.check_report_page)),
     Kind.NOTE: (check_schema,),
+    Kind.KEY: (check_schema,),  # the key string is a chain rule; who signed with it, verify/transparency.py
 })
 
 

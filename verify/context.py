@@ -3,11 +3,11 @@ re-execute a model (a runner capability: verify itself never imports torch or th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ledger.artifacts import ArtifactStore
 from ledger.errors import InputError, RecordInvalid, VerificationError
@@ -31,6 +31,25 @@ class ModelRunner(Protocol):
              threads: int) -> AbstractContextManager[LoadedModel]: ...
 
 
+T = TypeVar("T")
+
+
+class Memo:
+    """What the checks of one verification have already computed, by key: an audit verifies many receipts whose
+    ancestries overlap (the same evals, selection documents and outcome files), and each is recomputed once.
+    Only results are kept; a check that fails raises, and that ends the verification."""
+
+    def __init__(self) -> None:
+        self._values: dict[Hashable, Any] = {}
+        self.places: set[tuple[Path, str]] = set()  # (place, digest): re-hashed, and the bytes there have that digest
+
+    def once(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``, the first time ``key`` is asked for; its result afterwards."""
+        if key not in self._values:
+            self._values[key] = compute()
+        return self._values[key]
+
+
 @dataclass(frozen=True)
 class KindCheckContext:
     """What a kind's check gets: the receipt, its verified ancestry, where artifact bytes are, and options."""
@@ -43,6 +62,7 @@ class KindCheckContext:
     rescore: int = 0  # re-execute this many sampled documents per eval receipt (0: recompute statistics only)
     rescore_seed: int = 0
     runner: ModelRunner | None = None  # how to re-execute a model; needed only when rescore > 0
+    memo: Memo = field(default_factory=Memo)  # shared by every check of one verification (verify.receipts.Verifier)
 
 
 # A check raises a VerificationError or returns lines saying what held.

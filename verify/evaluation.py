@@ -44,7 +44,7 @@ from ledger.experiment.formats import COMPARISON_METHOD, EVAL_FORMAT, QUALITY_FO
 from ledger.receipts import Receipt
 from ledger.store import Store
 from verify import statistics as st
-from verify.context import KindCheckContext, ModelRunner
+from verify.context import KindCheckContext, Memo, ModelRunner
 
 OUTCOME_KEYS: Final = frozenset({"document", "family", "variant", "prompt", "output", "output_text", "tokens",
                                  "stopped", "correct"})
@@ -171,23 +171,27 @@ def quality_measurements(contract: Receipt, comparisons: Iterable[Receipt], eval
 # ------------------------------------------------------------------------------------------- reading bytes
 
 
-def find_bytes(store: Store, artifacts: ArtifactStore, digest: str) -> tuple[bytes, Path] | None:
+def find_bytes(store: Store, artifacts: ArtifactStore, digest: str,
+               memo: Memo | None = None) -> tuple[bytes, Path] | None:
     """The bytes of an artifact wherever they are found (content-addressed path, then recorded locations),
-    without checking their digest yet; None if nowhere."""
+    without checking their digest yet; None if nowhere. With a ``memo``, the ledger is asked once per digest."""
+    recorded = (memo.once(("locations", digest), lambda: store.locations(digest)) if memo is not None
+                else store.locations(digest))
     try:
-        path = artifacts.locate(digest, store.locations(digest), directory=False)
+        path = artifacts.locate(digest, recorded, directory=False)
     except MissingArtifact:
         return None
     return path.read_bytes(), path
 
 
-def _read(store: Store, artifacts: ArtifactStore, r: Receipt, name: str, require: bool) -> bytes | None:
+def _read(store: Store, artifacts: ArtifactStore, r: Receipt, name: str, require: bool,
+          memo: Memo | None = None) -> bytes | None:
     """Artifact ``name`` of ``r``, digest-checked; None if absent and not required."""
     digest = r.artifacts.get(name)
     if digest is None:
         raise RecordInvalid.at(f"receipt {r.id}: a {r.kind} receipt names its {name} in artifacts.{name}",
                                 receipt=r.id, field=f"artifacts.{name}", expected="a digest", actual=None)
-    found = find_bytes(store, artifacts, digest)
+    found = find_bytes(store, artifacts, digest, memo)
     if found is None:
         if require:
             raise MissingArtifact(digest, f"{name} of receipt {r.id}", str(artifacts.root))
@@ -203,6 +207,10 @@ def _read(store: Store, artifacts: ArtifactStore, r: Receipt, name: str, require
 def _jsonl(data: bytes, r: Receipt, name: str) -> list[Any]:
     from ledger.artifacts import parse_jsonl
 
+    if data.endswith(b"\n"):  # every line at once; anything doubtful is parsed line by line, for its error
+        values = digests.parse_canonical_lines(data.split(b"\n")[:-1])
+        if values is not None:
+            return values
     try:
         return parse_jsonl(data, source=f"artifact {name} of receipt {r.id}")
     except InputError as exc:
@@ -218,7 +226,7 @@ class EvalInputs:
     prepare: Receipt
     documents: list[dict[str, Any]]
     probes: list[dict[str, Any]]
-    tokenizer: Any  # ledger.experiment.tokenizer.CharTokenizer
+    tokenizer: Any  # ledger.experiment.tokenizer.Tokenizer (character or Hugging Face)
     config: Any  # ledger.experiment.config.ExperimentConfig
 
 
@@ -239,17 +247,27 @@ def _prepare_of(closure: Mapping[str, Receipt], r: Receipt) -> Receipt:
 
 
 def load_inputs(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Receipt], r: Receipt,
-                require: bool) -> EvalInputs | None:
-    """Selection documents, probes, tokenizer and config of eval ``r``, re-hashed; None if bytes are missing."""
-    from ledger.experiment.config import config_from_bytes
-    from ledger.experiment.tokenizer import CharTokenizer
-
+                require: bool, memo: Memo | None = None) -> EvalInputs | None:
+    """Selection documents, probes, tokenizer and config of eval ``r``, re-hashed; None if bytes are missing.
+    With a ``memo``, the inputs of one selection and prepare receipt are read and checked once (every eval of an
+    experiment shares them)."""
     selection = _ancestor(closure, r, "selection")
     prepare = _prepare_of(closure, r)
+    if memo is None:
+        return _load_inputs(store, artifacts, selection, prepare, require, None)
+    return memo.once(("eval inputs", selection.id, prepare.id, require),
+                     lambda: _load_inputs(store, artifacts, selection, prepare, require, memo))
+
+
+def _load_inputs(store: Store, artifacts: ArtifactStore, selection: Receipt, prepare: Receipt, require: bool,
+                 memo: Memo | None) -> EvalInputs | None:
+    from ledger.experiment.config import config_from_bytes
+    from ledger.experiment.tokenizer import tokenizer_from_bytes
+
     parts = {}
     for owner, name in ((selection, "eval_selection"), (selection, "retention_probes"), (prepare, "tokenizer"),
                         (prepare, "config")):
-        data = _read(store, artifacts, owner, name, require)
+        data = _read(store, artifacts, owner, name, require, memo)
         if data is None:
             return None
         parts[name] = data
@@ -263,7 +281,7 @@ def load_inputs(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Re
                                     actual=digests.document_digest({k: d.get(k) for k in digests.DOCUMENT_KEYS})
                                     if isinstance(d, dict) else d)
     return EvalInputs(selection, prepare, documents, _jsonl(parts["retention_probes"], selection, "retention_probes"),
-                      CharTokenizer.from_bytes(parts["tokenizer"]), config_from_bytes(parts["config"]))
+                      tokenizer_from_bytes(parts["tokenizer"]), config_from_bytes(parts["config"]))
 
 
 # ---------------------------------------------------------------------------------------- comparing values
@@ -360,16 +378,27 @@ class EvalRecord:
 
 
 def check_eval(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Receipt], r: Receipt,
-               require: bool = False) -> EvalRecord | None:
+               require: bool = False, memo: Memo | None = None) -> EvalRecord | None:
     """Verify eval ``r`` from its outcome and retention artifacts (see the module docstring); None when bytes it
-    needs are missing and not ``require``d."""
+    needs are missing and not ``require``d. With a ``memo``, each eval is checked once (its own check and every
+    comparison citing it share the result)."""
+    if memo is None:
+        return _check_eval(store, artifacts, closure, r, require, None)
+    # What the check reads beyond the eval's ancestry: the prepare receipts of its digest in the closure.
+    prepares = tuple(p.id for p in closure.values() if p.kind == "prepare" and p.prepared == r.prepared)
+    return memo.once(("eval", r.id, prepares, require),
+                     lambda: _check_eval(store, artifacts, closure, r, require, memo))
+
+
+def _check_eval(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Receipt], r: Receipt, require: bool,
+                memo: Memo | None) -> EvalRecord | None:
     m = r.measurements
     if m.get("format") != EVAL_FORMAT:
         raise RecordInvalid.at(f"receipt {r.id}: eval measurements.format is {m.get('format')!r}, not "
                                 f"{EVAL_FORMAT!r}", receipt=r.id, field="measurements.format", expected=EVAL_FORMAT,
                                 actual=m.get("format"))
     _check_source(closure, r)
-    inputs = load_inputs(store, artifacts, closure, r, require)
+    inputs = load_inputs(store, artifacts, closure, r, require, memo)
     if inputs is None:
         return None
     settings = m.get("settings") or {}
@@ -382,9 +411,9 @@ def check_eval(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Rec
     # Rows first, even from a file that no longer hashes to its digest, so that an edited outcome is named by its
     # document; then the digest; then the statistics.
     digest = r.artifacts.get("outcomes")
-    found = find_bytes(store, artifacts, digest) if digest else None
+    found = find_bytes(store, artifacts, digest, memo) if digest else None
     if found is None:
-        _read(store, artifacts, r, "outcomes", require)  # raises if required (or the name is absent)
+        _read(store, artifacts, r, "outcomes", require, memo)  # raises if required (or the name is absent)
         return None
     data, path = found
     rows = _jsonl(data, r, "outcomes")
@@ -404,7 +433,7 @@ def check_eval(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Rec
     if actual != digest:
         raise DigestMismatch(f"artifact 'outcomes' at {path}", expected=str(digest), actual=actual, receipt=r.id,
                              field="artifacts.outcomes")
-    retention_bytes = _read(store, artifacts, r, "retention", require)
+    retention_bytes = _read(store, artifacts, r, "retention", require, memo)
     if retention_bytes is None:
         return None
     retention = _jsonl(retention_bytes, r, "retention")
@@ -474,7 +503,8 @@ def _cited_eval(closure: Mapping[str, Receipt], r: Receipt, role: str) -> Receip
 
 
 def check_comparison(store: Store, artifacts: ArtifactStore, closure: Mapping[str, Receipt], r: Receipt,
-                     require: bool = False, records: dict[str, EvalRecord | None] | None = None) -> bool:
+                     require: bool = False, records: dict[str, EvalRecord | None] | None = None,
+                     memo: Memo | None = None) -> bool:
     """Verify a paired comparison (True), or return False if its bytes are missing and not required.
 
     A comparison of another method (e.g. uninterrupted vs recovered state) is not this module's: True, unchecked.
@@ -490,7 +520,7 @@ def check_comparison(store: Store, artifacts: ArtifactStore, closure: Mapping[st
     pair = []
     for e in (base, cand):
         if e.id not in records:
-            records[e.id] = check_eval(store, artifacts, closure, e, require)
+            records[e.id] = check_eval(store, artifacts, closure, e, require, memo)
         rec = records[e.id]
         if rec is None:
             return False
@@ -551,7 +581,7 @@ def check_quality(store: Store, artifacts: ArtifactStore, closure: Mapping[str, 
 def eval_check(ctx: KindCheckContext) -> list[str]:
     """An eval: rows against the selection, the outcome file's digest, every figure; re-scoring on request."""
     r = ctx.receipt  # its schema check (verify/checks.py) ran first: the format is EVAL_FORMAT
-    rec = check_eval(ctx.store, ctx.artifacts, ctx.closure, r, ctx.require_artifacts)
+    rec = check_eval(ctx.store, ctx.artifacts, ctx.closure, r, ctx.require_artifacts, ctx.memo)
     lines = []
     if rec is None:
         lines.append(f"eval {r.id[:19]} {r.measurements.get('arm')}: outcome bytes missing, statistics not checked")
@@ -571,7 +601,7 @@ def comparison_check(ctx: KindCheckContext) -> list[str]:
     r = ctx.receipt
     if r.measurements.get("method") != COMPARISON_METHOD:
         return []
-    if not check_comparison(ctx.store, ctx.artifacts, ctx.closure, r, ctx.require_artifacts):
+    if not check_comparison(ctx.store, ctx.artifacts, ctx.closure, r, ctx.require_artifacts, memo=ctx.memo):
         return [f"comparison {r.id[:19]} {r.measurements.get('comparison')}: outcome bytes missing, not recomputed"]
     return [f"comparison {r.id[:19]} {r.measurements['comparison']}: every statistic recomputed from the outcomes"]
 

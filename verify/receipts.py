@@ -4,6 +4,12 @@ Ladder levels 1 and 2 (DESIGN.md): every receipt id recomputes from its stored b
 parent edges, artifact digests...) agrees with the body, the chain rules hold, and every artifact whose bytes can
 be found re-hashes to its digest. Raises a :class:`~ledger.errors.VerificationError` naming the first receipt
 (oldest first) and field that fails; returns a :class:`VerifyReport` when everything holds.
+
+A :class:`Verifier` verifies many receipts over one ledger (an audit verifies each receipt its report cites, and
+their ancestries overlap) at the cost of their union: each stored row is re-hashed and parsed once, each receipt's
+chain rule and kind checks run once, each artifact place is re-hashed once, each checkpoint state is read once and
+the ledger is asked each question once. It remembers only what held, and the same receipts fail with the same
+errors as one :func:`verify_receipt` each.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ from ledger.artifacts import ArtifactStore, path_from_uri
 from ledger.errors import DigestMismatch, LedgerError, MissingArtifact, RecordInvalid, RecordMismatch, VerificationError
 from ledger.models import ReceiptRow
 from ledger.receipts import Receipt
-from ledger.state import recompute
+from ledger.state import CheckpointState, StateCache, prefetch_states, recompute
 from ledger.store import ArtifactRef, ParentEdge, Store
 from verify.checks import checks_for
-from verify.context import KindCheckContext, ModelRunner
+from verify.context import KindCheckContext, Memo, ModelRunner
 
 ArtifactStatus = Literal["verified", "missing"]
 
@@ -99,7 +105,36 @@ def _deleted_parents_only(stored: list[str], named: tuple[str, ...]) -> bool:
     return len(resolved) < len(stored) == len(named) and set(resolved) <= set(named)
 
 
-def load_verified_closure(store: Store, rid: str) -> dict[str, Receipt]:
+_RowKey = tuple[str, bytes, tuple[Any, ...], tuple[str, ...], tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class _Known:
+    """What a :class:`Verifier` has established: only what held (a failure raises and ends the verification)."""
+
+    rows: dict[_RowKey, Receipt] = field(default_factory=dict)  # everything check_row reads -> its receipt
+    chained: set[str] = field(default_factory=set)  # receipts whose chain rule held
+    # (receipt, the prepare receipts of its digest in the closure) -> what its kind checks said. Checks read the
+    # receipt's ancestry, and some look its prepare receipt up in the whole closure: with that in the key, a check
+    # is reused only where it would read the same receipts.
+    checked: dict[tuple[str, tuple[str, ...]], list[str]] = field(default_factory=dict)
+    artifacts: dict[str, list[ArtifactCheck]] = field(default_factory=dict)  # receipt -> its artifacts' checks
+    checkpoints: dict[Path, CheckpointState] = field(default_factory=dict)  # directory -> verified against manifest
+
+
+def _checked_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef], known: _Known | None) -> Receipt:
+    """:func:`check_row`, once per distinct stored row (id, body, index columns, edges and artifact rows)."""
+    if known is None:
+        return check_row(row, edges, arts)
+    key = (row.id, row.body, tuple(getattr(row, c) for c in _COLUMNS), tuple(sorted(e.parent for e in edges)),
+           tuple(sorted((a.name, a.digest) for a in arts)))
+    receipt = known.rows.get(key)
+    if receipt is None:
+        receipt = known.rows[key] = check_row(row, edges, arts)
+    return receipt
+
+
+def load_verified_closure(store: Store, rid: str, *, known: _Known | None = None) -> dict[str, Receipt]:
     """Ancestry of ``rid`` with every row integrity-checked; follows the bodies' parents, not only the edges."""
     rows, edges, arts = store.raw_closure(rid)
     checked: dict[str, Receipt] = {}
@@ -113,7 +148,7 @@ def load_verified_closure(store: Store, rid: str) -> dict[str, Receipt]:
             by_receipt.setdefault(a.receipt, []).append(a)
         for row in sorted(rows, key=lambda r: r.seq):
             mine = by_child.get(row.id, [])
-            receipt = checked[row.id] = check_row(row, mine, by_receipt.get(row.id, []))
+            receipt = checked[row.id] = _checked_row(row, mine, by_receipt.get(row.id, []), known)
             stored_parents = sorted(e.parent for e in mine)
             if stored_parents != list(receipt.parents):  # check_row let it through: see _deleted_parents_only
                 dangling[row.id] = stored_parents
@@ -151,25 +186,71 @@ def verify_receipt(
     are re-hashed, so a tampered outcome is named by its document, not only by its file's digest; ``rescore`` > 0
     also re-executes a random sample (seeded by ``rescore_seed``, random when None) of each eval.
     """
-    rid = store.resolve(ref)
-    closure = load_verified_closure(store, rid)
-    ordered = chain.topological(closure.values())
-    for r in ordered:
-        chain.check_receipt(r, closure)
-    report = VerifyReport(receipt=rid, receipts_checked=len(ordered))
-    if artifacts is not None:
-        import secrets
+    verifier = Verifier(store, artifacts, require_artifacts=require_artifacts, rescore=rescore,
+                        rescore_seed=rescore_seed, runner=runner)
+    return verifier.verify(ref, progress=progress)
 
-        seed = secrets.randbits(32) if rescore_seed is None else rescore_seed
-        for r in ordered:
-            ctx = KindCheckContext(store, r, closure, artifacts, require_artifacts, rescore, seed, runner)
-            for check in checks_for(r.kind):
-                report.checks.extend(check(ctx))
-        report.artifacts = check_artifacts(store, ordered, artifacts, progress=progress)
-        if require_artifacts and report.missing:
+
+class Verifier:
+    """Verifies receipts of one ledger with one set of options, remembering what held (see the module docstring).
+
+    ``verify(ref)`` checks exactly what :func:`verify_receipt` would and raises the same error; what an earlier call
+    established (rows, chain rules, kind checks, artifact places, checkpoint states, ledger lookups) is not
+    recomputed. The ledger and the artifacts must not change while a verifier is in use; the receipts appended
+    meanwhile (by concurrent writers) are not in the ancestry of anything it verifies.
+    """
+
+    def __init__(self, store: Store, artifacts: ArtifactStore | None = None, *, require_artifacts: bool = False,
+                 rescore: int = 0, rescore_seed: int | None = None, runner: ModelRunner | None = None) -> None:
+        self.store = store
+        self.artifacts = artifacts
+        self.require_artifacts = require_artifacts
+        self.rescore = rescore
+        self.runner = runner
+        self._seed = rescore_seed
+        self._known = _Known()
+        self._memo = Memo()
+        self._states = StateCache()
+
+    @property
+    def rescore_seed(self) -> int:
+        """The seed of the re-scoring samples: as given, else drawn once for this verifier."""
+        if self._seed is None:
+            import secrets
+
+            self._seed = secrets.randbits(32)
+        return self._seed
+
+    def verify(self, ref: str, *, progress: Callable[[str], None] | None = None) -> VerifyReport:
+        """Verify the receipt ``ref`` (id or unique prefix) and every ancestor, as :func:`verify_receipt` does."""
+        known = self._known
+        rid = self.store.resolve(ref)
+        with self._states.active():  # each checkpoint state is read once, by whichever check needs it first
+            closure = load_verified_closure(self.store, rid, known=known)
+            ordered = chain.topological(closure.values())
+            for r in ordered:
+                if r.id not in known.chained:
+                    chain.check_receipt(r, closure)
+                    known.chained.add(r.id)
+            report = VerifyReport(receipt=rid, receipts_checked=len(ordered))
+            if self.artifacts is None:
+                return report
+            prepares = [x for x in closure.values() if x.kind == "prepare"]
+            for r in ordered:
+                key = (r.id, tuple(x.id for x in prepares if x.prepared == r.prepared))
+                lines = known.checked.get(key)
+                if lines is None:
+                    ctx = KindCheckContext(self.store, r, closure, self.artifacts, self.require_artifacts,
+                                           self.rescore, self.rescore_seed, self.runner, self._memo)
+                    lines = [line for check in checks_for(r.kind) for line in check(ctx)]
+                    known.checked[key] = lines
+                report.checks.extend(lines)
+            report.artifacts = check_artifacts(self.store, ordered, self.artifacts, progress=progress,
+                                               _known=known, _memo=self._memo)
+        if self.require_artifacts and report.missing:
             first = report.missing[0]
             raise MissingArtifact(first.digest, f"{first.name} of receipt {first.receipt}", first.location)
-    return report
+        return report
 
 
 def check_artifacts(
@@ -177,6 +258,9 @@ def check_artifacts(
     receipts: list[Receipt],
     artifacts: ArtifactStore,
     progress: Callable[[str], None] | None = None,
+    *,
+    _known: _Known | None = None,
+    _memo: Memo | None = None,
 ) -> list[ArtifactCheck]:
     """Re-hash every copy of every cited artifact: its content-addressed path, every location recorded for its
     digest, and every location the citing receipt recorded for it (docs/receipts.md section 5.3).
@@ -186,39 +270,62 @@ def check_artifacts(
     checkpoint directory answers for its state and for every component digest the same receipt names (optimizer,
     rng, outer, model), which have no locations of their own.
     """
-    done: dict[tuple[Path, str], None] = {}  # (place, digest) already verified
-    checkpoints: dict[Path, Any] = {}  # directory -> recomputed CheckpointState
+    known = _known if _known is not None else _Known()
+    memo = _memo if _memo is not None else Memo()
+    done = memo.places  # (place, digest) already verified
+    checkpoints = known.checkpoints  # directory -> recomputed CheckpointState
     found: dict[tuple[str, str], list[str]] = {}  # (receipt, name) -> places that verified
     gone: list[ArtifactCheck] = []
     state_dirs: dict[str, list[Path]] = {}  # receipt -> its verified state directories
-    own = {r.id: store.receipt_locations(r.id) for r in receipts}
+    # Receipts whose artifacts an earlier call of the same Verifier checked keep their results: their places held.
+    todo = [r for r in receipts if r.id not in known.artifacts]
+
+    def locations(digest: str) -> list[str]:
+        return memo.once(("locations", digest), lambda: store.locations(digest))
+
+    def owners_of(path: str) -> list[str]:
+        return memo.once(("location owners", path), lambda: store.location_owners(path))
+
+    def recorded_by(rid: str) -> dict[str, list[str]]:
+        return memo.once(("receipt locations", rid), lambda: store.receipt_locations(rid))
+
+    def receipt_of(rid: str) -> Receipt:
+        return memo.once(("receipt", rid), lambda: store.get(rid).receipt)
+
+    own = {r.id: recorded_by(r.id) for r in todo}
     # Two passes: first every receipt's own evidence (the content-addressed path and the places it recorded), then
     # the other recorded copies of each digest; so a bad copy is named by the receipt it belongs to.
+    plan: list[tuple[bool, Receipt, str, str, list[tuple[Path, bool]]]] = []
     for own_pass in (True, False):
-        for r in receipts:
+        for r in todo:
             # States first: a checkpoint directory's recomputation also answers for the components it names.
             for name, digest in sorted(r.artifacts.items(), key=lambda kv: (kv[0] not in _STATE_NAMES, kv[0])):
-                if progress and own_pass:
-                    progress(f"{name} {digest[:19]}")
                 mine = own[r.id].get(name, ())
                 places = (_places(artifacts, digest, (), mine) if own_pass
-                          else _places(artifacts, digest, store.locations(digest), ())[1:])
-                for path, recorded in places:
-                    if not os.path.lexists(path):
-                        if recorded:  # a place the ledger says holds the bytes, and it does not
-                            gone.append(ArtifactCheck(r.id, name, digest, "missing", str(path)))
-                        continue
-                    if (path, digest) not in done:
-                        # Another receipt's copy (pass 2) fails in that receipt's name: it is its evidence.
-                        owners = [] if own_pass else store.location_owners(str(path))
-                        owner = r if not owners or r.id in owners else store.get(owners[0]).receipt
-                        _check_place(path, owner, name, digest, checkpoints)
-                        done[(path, digest)] = None
-                    found.setdefault((r.id, name), []).append(str(path))
-                    if name in _STATE_NAMES and path in checkpoints:
-                        state_dirs.setdefault(r.id, []).append(path)
-    out: list[ArtifactCheck] = []
-    for r in receipts:
+                          else _places(artifacts, digest, locations(digest), ())[1:])
+                plan.append((own_pass, r, name, digest, places))
+    # Every checkpoint directory is hashed at once, ahead of the walk below (which meets any failure in its order).
+    prefetch_states([path for *_, places in plan for path, _ in places
+                     if path not in checkpoints and path.is_dir()], files=True)
+    for own_pass, r, name, digest, places in plan:
+        if progress and own_pass:
+            progress(f"{name} {digest[:19]}")
+        for path, recorded in places:
+            if not os.path.lexists(path):
+                if recorded:  # a place the ledger says holds the bytes, and it does not
+                    gone.append(ArtifactCheck(r.id, name, digest, "missing", str(path)))
+                continue
+            if (path, digest) not in done:
+                # Another receipt's copy (pass 2) fails in that receipt's name: it is its evidence.
+                owners = [] if own_pass else owners_of(str(path))
+                owner = r if not owners or r.id in owners else receipt_of(owners[0])
+                _check_place(path, owner, name, digest, checkpoints)
+                done.add((path, digest))
+            found.setdefault((r.id, name), []).append(str(path))
+            if name in _STATE_NAMES and path in checkpoints:
+                state_dirs.setdefault(r.id, []).append(path)
+    for r in todo:
+        out: list[ArtifactCheck] = []
         for name, digest in sorted(r.artifacts.items()):
             verified_at = found.get((r.id, name), [])
             dirs = state_dirs.get(r.id, [])
@@ -228,7 +335,8 @@ def check_artifacts(
             if verified_at:
                 out.append(ArtifactCheck(r.id, name, digest, "verified", verified_at[0]))
             out.extend(missing or ([] if verified_at else [ArtifactCheck(r.id, name, digest, "missing", None)]))
-    return out
+        known.artifacts[r.id] = out
+    return [check for r in receipts for check in known.artifacts[r.id]]
 
 
 _STATE_NAMES = ("state", "seed_state")
@@ -249,7 +357,8 @@ def _places(artifacts: ArtifactStore, digest: str, by_digest: Iterable[str],
     return list(out.items())
 
 
-def _component_of(r: Receipt, name: str, digest: str, state_dirs: list[Path], checkpoints: dict[Path, Any]) -> bool:
+def _component_of(r: Receipt, name: str, digest: str, state_dirs: list[Path],
+                  checkpoints: dict[Path, CheckpointState]) -> bool:
     """Whether ``digest`` (artifact ``name`` of ``r``) is a component of the verified state ``r`` names, in every
     copy of that state; raises naming the copy where it differs."""
     matched = False
@@ -265,7 +374,7 @@ def _component_of(r: Receipt, name: str, digest: str, state_dirs: list[Path], ch
     return matched
 
 
-def _check_place(path: Path, r: Receipt, name: str, digest: str, checkpoints: dict[Path, Any]) -> None:
+def _check_place(path: Path, r: Receipt, name: str, digest: str, checkpoints: dict[Path, CheckpointState]) -> None:
     if path.is_dir():
         _check_checkpoint(path, r, name, digest, checkpoints)
         return
@@ -280,7 +389,8 @@ def _check_place(path: Path, r: Receipt, name: str, digest: str, checkpoints: di
                              receipt=r.id, field=f"artifacts.{name}")
 
 
-def _check_checkpoint(path: Path, r: Receipt, name: str, digest: str, checkpoints: dict[Path, Any]) -> None:
+def _check_checkpoint(path: Path, r: Receipt, name: str, digest: str,
+                      checkpoints: dict[Path, CheckpointState]) -> None:
     """A checkpoint directory: recompute every digest against its manifest (once per directory), naming the
     tensor that fails, then compare the state or the named component with the receipt's digest."""
     from ledger.state import COMPONENTS, verify_checkpoint

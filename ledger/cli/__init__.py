@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
-from ledger.cli.app import app, main
+import importlib
+from typing import Any
+
+from ledger.cli.app import main
+
+# The name `app` is the whole command line (ledger.cli.app.app), built on first use, not the submodule that the
+# import above bound here: so that `ledger` starts without building every command (see ledger/cli/app.py).
+globals().pop("app", None)
 
 __all__ = ["app", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        value = importlib.import_module("ledger.cli.app").app
+        globals()["app"] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

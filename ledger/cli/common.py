@@ -1,5 +1,8 @@
 """What every command shares: the consoles, JSON output, option aliases, opening the ledger, and the one place that
-maps library errors to one line and an exit code."""
+maps library errors to one line and an exit code.
+
+Nothing here imports rich until something is printed through it: `ledger --help`, and commands that print JSON, start
+without it (importing rich costs about as much as importing typer)."""
 
 from __future__ import annotations
 
@@ -7,19 +10,41 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 from typer.core import TyperGroup
 
 from ledger.errors import EXIT_DATABASE, EXIT_USAGE, LedgerError
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
 ENV_DEBUG = "LEDGER_DEBUG"
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+class LazyConsole:
+    """A rich ``Console``, made (and rich imported) the first time it is used; it stands for one everywhere."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
+out: Console = LazyConsole(highlight=False, soft_wrap=True)  # type: ignore[assignment]
+err: Console = LazyConsole(stderr=True, highlight=False, soft_wrap=True)  # type: ignore[assignment]
 
 
 class ErrorMappingGroup(TyperGroup):
@@ -57,8 +82,8 @@ def _first_line(exc: BaseException) -> str:
     return " ".join(text.split("\n")[0].split())
 
 
-def make_typer(help_text: str) -> typer.Typer:
-    return typer.Typer(cls=ErrorMappingGroup, help=help_text, no_args_is_help=True, add_completion=False,
+def make_typer(help_text: str, cls: type[ErrorMappingGroup] = ErrorMappingGroup) -> typer.Typer:
+    return typer.Typer(cls=cls, help=help_text, no_args_is_help=True, add_completion=False,
                        pretty_exceptions_show_locals=False, rich_markup_mode=None)
 
 
@@ -117,8 +142,11 @@ def artifact_store(db_url: str, root: Path | None) -> Any:
 
 def print_wide(table: Table, console: Console | None = None) -> None:
     """Print a table at its natural width: digests and tensor names are never elided, even in a pipe."""
+    from rich.console import Console
     from rich.measure import Measurement
 
     console = console or out
+    if isinstance(console, LazyConsole):
+        console = console.console
     need = Measurement.get(console, console.options.update(width=100_000), table).maximum
     Console(highlight=False, soft_wrap=True, width=max(console.width, need), file=console.file).print(table)

@@ -30,6 +30,18 @@ from ledger.cli.common import (
     run_db,
 )
 
+HostsOpt = Annotated[bool, typer.Option("--hosts", help="One rank (replica) per namespace host of `ledger hosts up` "
+                                        "(docs/hosts.md).")]
+
+
+def _hosts(on: bool, n: int) -> Any:
+    """The live namespace hosts for ``n`` ranks, or None when ``--hosts`` is not given."""
+    if not on:
+        return None
+    from runners.hosts import require
+
+    return require(n)
+
 
 def register(app: typer.Typer, run_app: typer.Typer) -> None:
     run_app.command("prepare")(prepare_cmd)
@@ -89,6 +101,7 @@ def train_cmd(
     db: RunDbOpt = None,
     prepared: PreparedOpt = None,
     steps: Annotated[int | None, typer.Option(help="Stop after this step (default: the config's).")] = None,
+    on_hosts: HostsOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Train an arm on torch.distributed (gloo on CPU), every rank emitting receipts; then its summary."""
@@ -101,6 +114,7 @@ def train_cmd(
         if a not in ARMS:
             raise typer.BadParameter(f"unknown arm {a!r}; choose from {', '.join(ARMS)} or all", param_hint="--arm")
     url = run_db(db, workdir)
+    hosts = _hosts(on_hosts, max(ARMS[a].world for a in arms))
     results = []
     for a in arms:
         progress = workdir / "logs" / f"progress-{a}.json"
@@ -110,7 +124,7 @@ def train_cmd(
         launched, run = _with_progress(
             f"train {a}", steps or _config_steps(url, workdir, prepared), progress,
             lambda a=a, progress=progress: train_arm(workdir, url, a, prepared=prepared, steps=steps,
-                                                     extra=["--progress", str(progress)]),
+                                                     extra=["--progress", str(progress)], hosts=hosts),
         )
         if not launched.ok:
             raise RunFailed(a, launched.failed_rank, list(launched.returncodes),
@@ -131,6 +145,7 @@ def experiment_cmd(
     workdir: WorkdirOpt = Path("experiment"),
     config: ConfigOpt = None,
     db: RunDbOpt = None,
+    on_hosts: HostsOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """The whole experiment on an embedded SQLite ledger: prepare, train the three arms, recover the primary
@@ -140,7 +155,8 @@ def experiment_cmd(
     def step(name: str) -> None:
         err.print(f"[{time.strftime('%H:%M:%S')}] {name}", highlight=False)
 
-    result = run_experiment(workdir, run_db(db, workdir), config, on_step=step, train_progress=_with_progress)
+    result = run_experiment(workdir, run_db(db, workdir), config, on_step=step, train_progress=_with_progress,
+                            hosts=_hosts(on_hosts, 4))
     if json_out:
         emit_json(result.to_json())
         return
@@ -168,6 +184,10 @@ def recover_cmd(
         str | None, typer.Option("--resume-fault", hidden=True,
                                  help="Restart wrongly on purpose (tests and demonstrations of the proof).")
     ] = None,
+    on_hosts: HostsOpt = False,
+    kill_host: Annotated[bool, typer.Option("--kill-host", help="With --hosts: the killed rank's host dies too "
+                                            "(link, processes, namespace); the restart runs on it made anew.")]
+    = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Kill a rank mid-run, restart the group from the last common checkpoint, and prove every rank ends
@@ -178,9 +198,12 @@ def recover_cmd(
 
     if resume_fault is not None and resume_fault not in RESUME_FAULTS:
         raise typer.BadParameter(f"choose from {', '.join(RESUME_FAULTS)}", param_hint="--resume-fault")
+    if kill_host and not on_hosts:
+        raise typer.BadParameter("only a namespace host can die: add --hosts", param_hint="--kill-host")
     result = run_recover(workdir, run_db(db, workdir), arm=arm, kill_rank=kill_rank,
                          kill_after_step=kill_after_step, prepared=prepared, steps=steps,
-                         restore_extra=["--resume-fault", resume_fault] if resume_fault else None)
+                         restore_extra=["--resume-fault", resume_fault] if resume_fault else None,
+                         hosts=_hosts(on_hosts, 4), kill_host=kill_host)
     rows = [dict(c.measurements) for c in result.comparisons]
     m = dict(result.summary.measurements)
     emit({"summary": result.summary.id, **m, "rank_comparisons": rows}, json_out,
@@ -344,15 +367,16 @@ def run_serve_cmd(
     prepared: PreparedOpt = None,
     replicas: Annotated[int, typer.Option(min=2, help="Replicas on loopback ports (the failure phase kills one).")]
     = 4,
+    on_hosts: HostsOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Serve the primary arm's final model from N loopback replicas, run the phases single, four and failure of
-    the fixed request set, stop every replica (also on failure and Ctrl-C), and record replica, serve-phase and
-    serve-summary receipts."""
+    """Serve the primary arm's final model from N loopback replicas (or one per namespace host), run the phases
+    single, four and failure of the fixed request set, stop every replica (also on failure and Ctrl-C), and
+    record replica, serve-phase and serve-summary receipts."""
     from runners.serving import run_serving
 
     result = run_serving(workdir, run_db(db, workdir), prepared=prepared, replicas=replicas,
-                         progress=lambda m: err.print(m, highlight=False))
+                         progress=lambda m: err.print(m, highlight=False), hosts=_hosts(on_hosts, replicas))
     value = result.to_json()
     verdict = "PASSED" if value["serving_fixture_passed"] else "FAILED"
     emit(value, json_out, f"serving {value['summary']}: fixture {verdict}; four/single throughput "

@@ -5,8 +5,10 @@ dotted key, so a typo never silently falls back to a default. ``to_json()`` give
 prepare stores as the ``config`` artifact (its digest is committed by the ``prepared`` digest); integers given for
 float settings are stored as floats, so ``lr = 1`` and ``lr = 1.0`` are the same config.
 
-Paths (work directory, ledger URL) are deliberately not part of the config: the same experiment prepared in two
-places has the same digests.
+Paths (work directory, ledger URL) are deliberately not part of the config artifact: the same experiment prepared in
+two places has the same digests. Where and how an experiment is launched (torchrun across hosts, NCCL, a PostgreSQL
+ledger) may still be written in the same TOML file, as the ``[launch]`` table: it is parsed and validated as
+strictly as the rest, but left out of ``to_json()`` and of equality.
 """
 
 from __future__ import annotations
@@ -59,15 +61,22 @@ class DataConfig:
 
     train_per_variant: int = 512  # training documents per (family, variant)
     eval_per_variant: int = 64  # held-out selection documents per (family, variant): 4 x 4 x 64 = 1,024
-    retention_probes: int = 128  # pretraining windows the seed model saw, re-scored after training
+    retention_probes: int = 128  # pydoc windows of the seed's pretraining stream, re-scored after training
+
+
+DTYPES: Final = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A model spec: ``tiny`` is runners/model.py's transformer; ``hf`` a Hugging Face causal LM at ``path``."""
+    """A model spec: ``tiny`` is runners/model.py's transformer with a character tokenizer built from the data;
+    ``hf`` a Hugging Face causal LM in the local directory ``path`` (its ``config.json``, its weights if present,
+    and its ``tokenizer.json``). The sizes below (``d_model`` .. ``init_std``) describe ``tiny`` only; ``max_len``
+    bounds the sequences of either kind."""
 
     kind: str = "tiny"
     path: str = ""  # local directory, only for kind = "hf"
+    dtype: str = "float32"  # parameter dtype: "float32" or "bfloat16" (the bits of every state depend on it)
     d_model: int = 128
     n_layers: int = 2
     n_heads: int = 8
@@ -80,11 +89,17 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """The seed model's short character-level pretraining on ``pydoc_data.topics``."""
+    """The seed model's short pretraining on ``pydoc_data.topics`` plus a little task-format text.
+
+    The stream is every pydoc topic and the first ``task_documents`` training documents, each framed as
+    ``BOS text EOS``, so the seed learns where a document ends (exact match needs the EOS) and has seen the task
+    format without having been trained on it; windows of ``seq_len + 1`` tokens are drawn from it at random.
+    """
 
     steps: int = 300
     batch_size: int = 16
-    seq_len: int = 128  # window length in characters (= tokens); a probe is one window plus its target
+    seq_len: int = 128  # window length in tokens (characters for ``tiny``); a probe is one window plus its target
+    task_documents: int = 0  # training documents (in their seeded order) added to the pretraining stream
     lr: float = 0.003
     warmup_steps: int = 20
     weight_decay: float = 0.0
@@ -117,7 +132,19 @@ class TrainConfig:
     checkpoint_every: int = 64
     threads_per_rank: int = 1
     loss_on: str = "answer"  # "answer": loss on answer + EOS tokens only; "all": every token of the document
+    # Pretraining windows mixed into every step, as a fraction of the global batch (the same for every arm): each
+    # window's mean token NLL joins the documents' sum, so fine-tuning keeps the seed's language model.
+    pretrain_mix: float = 0.0
+    # A mixed window is pretrain_window + 1 tokens: documents are at most ~46 tokens, and a window costs what a
+    # document of its length does.
+    pretrain_window: int = 64
+    pretrain_weight: float = 1.0  # each window's mean token NLL counts as this many documents' losses
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
+
+    @property
+    def pretrain_windows(self) -> int:
+        """Pretraining windows per step over all ranks (``pretrain_mix * global_batch``, validated whole)."""
+        return int(self.pretrain_mix * self.global_batch)
 
 
 @dataclass(frozen=True)
@@ -162,6 +189,51 @@ class ContractConfig:
     serving: ServingContract = field(default_factory=ServingContract)
 
 
+LAUNCHERS: Final = ("local", "torchrun")
+DEVICES: Final = ("cpu", "cuda")
+CUBLAS_WORKSPACE_CONFIGS: Final = (":4096:8", ":16:8")  # the two settings that make cuBLAS deterministic
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Where and how the ranks run: not part of the experiment (never in the config artifact or its digest), so
+    the same experiment launched on other hosts or against another ledger keeps its ``prepared`` digest.
+
+    ``local`` is ``ledger run``'s own launcher on one host; ``torchrun`` is one ``torchrun`` per host, which
+    :meth:`torchrun_command` spells out. On ``cuda`` every rank uses NCCL and needs ``cublas_workspace_config``
+    for deterministic cuBLAS (docs/training.md, "On CUDA").
+    """
+
+    launcher: str = "local"
+    device: str = "cpu"
+    nnodes: int = 1
+    nproc_per_node: int = 4
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    db: str = ""  # SQLAlchemy URL every rank appends to; "" = <workdir>/ledger.db
+    artifacts: str = ""  # the artifact directory when db is not an SQLite file beside it
+    workdir: str = ""  # the prepared work directory, at the same path on every host
+    cublas_workspace_config: str = ""
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+    def torchrun_command(self, node_rank: int, arm: str, run: str) -> str:
+        """The shell command that starts host ``node_rank``'s ranks of ``arm`` under torchrun."""
+        if self.launcher != "torchrun":
+            raise InputError(f"launch.launcher is {self.launcher!r}, not 'torchrun'")
+        if not 0 <= node_rank < self.nnodes:
+            raise InputError(f"node rank {node_rank} is not in [0, launch.nnodes={self.nnodes})")
+        env = [f"CUBLAS_WORKSPACE_CONFIG={self.cublas_workspace_config}"] if self.cublas_workspace_config else []
+        env += [f"LEDGER_DB={self.db}"] + ([f"LEDGER_ARTIFACTS={self.artifacts}"] if self.artifacts else [])
+        # --run-name: torchrun's parser takes --run for an abbreviation of its own --run-path.
+        return " ".join([*env, "torchrun", f"--nnodes {self.nnodes}", f"--nproc-per-node {self.nproc_per_node}",
+                         f"--node-rank {node_rank}", f"--master-addr {self.master_addr}",
+                         f"--master-port {self.master_port}", "-m runners.train", f"--workdir {self.workdir}",
+                         f"--db {self.db}", f"--arm {arm}", f"--run-name {run}"])
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """The whole experiment. Every tunable lives here; the canonical JSON of this tree is the config artifact."""
@@ -174,10 +246,13 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     contract: ContractConfig = field(default_factory=ContractConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig, compare=False)  # not part of the experiment
 
     def to_json(self) -> dict[str, Any]:
-        """The canonical-JSON-able form (a format tag, a version, and every setting)."""
-        return {"format": CONFIG_FORMAT, "version": CONFIG_VERSION, "config": dataclasses.asdict(self)}
+        """The canonical-JSON-able form (a format tag, a version, and every setting but ``launch``)."""
+        body = dataclasses.asdict(self)
+        del body["launch"]
+        return {"format": CONFIG_FORMAT, "version": CONFIG_VERSION, "config": body}
 
     def canonical_bytes(self) -> bytes:
         return digests.canonical_bytes(self.to_json())
@@ -235,9 +310,12 @@ def _join(where: str, name: str) -> str:
 def validate(config: ExperimentConfig) -> ExperimentConfig:
     """Reject settings that are well-typed but meaningless; returns ``config``."""
     m, p, t = config.model, config.pretrain, config.train
+    windows = t.pretrain_mix * t.global_batch
+    train_documents = 16 * config.data.train_per_variant  # 4 families x 4 variants
     checks: list[tuple[bool, str]] = [
         (m.kind in ("tiny", "hf"), f"model.kind must be 'tiny' or 'hf', got {m.kind!r}"),
         (m.kind != "hf" or bool(m.path), "model.path is required when model.kind = 'hf'"),
+        (m.dtype in DTYPES, f"model.dtype must be one of {', '.join(DTYPES)}, got {m.dtype!r}"),
         (m.d_model > 0 and m.n_heads > 0 and m.d_model % m.n_heads == 0,
          f"model.d_model ({m.d_model}) must be a positive multiple of model.n_heads ({m.n_heads})"),
         (m.n_layers > 0 and m.d_ff > 0, "model.n_layers and model.d_ff must be positive"),
@@ -249,20 +327,68 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
         (config.data.train_per_variant > 0 and config.data.eval_per_variant > 0,
          "data.train_per_variant and data.eval_per_variant must be positive"),
         (config.data.retention_probes >= 0, "data.retention_probes must be >= 0"),
+        (0 <= p.task_documents <= train_documents,
+         f"pretrain.task_documents ({p.task_documents}) must be in [0, {train_documents}] (the training documents)"),
+        (t.lr >= 0 and p.lr >= 0, "train.lr and pretrain.lr must be >= 0 (0 trains nothing: the negative tests)"),
+        (t.pretrain_mix >= 0 and windows == int(windows) and int(windows) % t.world == 0,
+         f"train.pretrain_mix ({t.pretrain_mix}) x train.global_batch ({t.global_batch}) must be a whole number of "
+         f"windows and a multiple of train.world ({t.world})"),
         (t.steps > 0 and t.world > 0 and t.global_batch > 0 and t.global_batch % t.world == 0,
          f"train.global_batch ({t.global_batch}) must be a positive multiple of train.world ({t.world})"),
         (t.checkpoint_every > 0 and t.threads_per_rank > 0, "train.checkpoint_every, threads_per_rank > 0"),
         (t.loss_on in ("answer", "all"), f"train.loss_on must be 'answer' or 'all', got {t.loss_on!r}"),
         (t.schedule in ("cosine", "constant"), f"train.schedule must be 'cosine' or 'constant', got {t.schedule!r}"),
+        (t.pretrain_weight >= 0, f"train.pretrain_weight must be >= 0, got {t.pretrain_weight}"),
+        (t.pretrain_mix == 0 or 0 < t.pretrain_window <= m.max_len,
+         f"train.pretrain_window ({t.pretrain_window}) must be in [1, model.max_len={m.max_len}]"),
         (t.diloco.inner_steps > 0, "train.diloco.inner_steps must be positive"),
+        (t.diloco.outer_lr >= 0 and 0 <= t.diloco.outer_momentum < 1,
+         "train.diloco.outer_lr must be >= 0 and train.diloco.outer_momentum in [0, 1)"),
         (config.contract.primary_arm in ARMS and config.contract.baseline_arm in ARMS,
          f"contract.primary_arm and contract.baseline_arm must be among {', '.join(ARMS)}"),
         (config.eval.max_new_tokens > 0 and config.eval.batch_size > 0, "eval settings must be positive"),
     ]
+    checks += _launch_checks(config.launch, t.world)
     for ok, message in checks:
         if not ok:
             raise InputError(f"config: {message}")
     return config
+
+
+def _launch_checks(la: LaunchConfig, world: int) -> list[tuple[bool, str]]:
+    checks = [
+        (la.launcher in LAUNCHERS, f"launch.launcher must be one of {', '.join(LAUNCHERS)}, got {la.launcher!r}"),
+        (la.device in DEVICES, f"launch.device must be one of {', '.join(DEVICES)}, got {la.device!r}"),
+        (la.nnodes > 0 and la.nproc_per_node > 0, "launch.nnodes and launch.nproc_per_node must be positive"),
+        (la.launcher != "torchrun" or la.nnodes * la.nproc_per_node == world,
+         f"launch.nnodes x launch.nproc_per_node ({la.nnodes} x {la.nproc_per_node}) must equal train.world "
+         f"({world}) under torchrun"),
+        (0 < la.master_port < 65536, f"launch.master_port must be a TCP port, got {la.master_port}"),
+        (la.cublas_workspace_config in ("", *CUBLAS_WORKSPACE_CONFIGS),
+         f"launch.cublas_workspace_config must be one of {', '.join(CUBLAS_WORKSPACE_CONFIGS)} or empty"),
+        (la.device != "cuda" or bool(la.cublas_workspace_config),
+         "launch.cublas_workspace_config is required on cuda: deterministic cuBLAS needs it"),
+        (la.launcher != "torchrun" or bool(la.db and la.workdir),
+         "launch.db and launch.workdir are required under torchrun: every host's ranks append to one ledger"),
+    ]
+    if la.db:
+        checks.append(_url_check(la.db, la.nnodes))
+    return checks
+
+
+def _url_check(url: str, nnodes: int) -> tuple[bool, str]:
+    """A SQLAlchemy URL the store can open; many hosts need a server database (SQLite is one host's file)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        backend = make_url(url).get_backend_name()
+    except ArgumentError:
+        return False, f"launch.db is not a database URL: {url!r}"
+    if backend not in ("sqlite", "postgresql"):
+        return False, f"launch.db must be an sqlite or postgresql URL, got {backend!r}"
+    return (backend != "sqlite" or nnodes == 1,
+            f"launch.db is an SQLite file but launch.nnodes = {nnodes}: ranks on several hosts need PostgreSQL")
 
 
 def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:

@@ -1,9 +1,12 @@
-"""The `ledger` CLI (ledger/cli/) through typer's CliRunner: commands, --json, errors and exit codes."""
+"""The `ledger` CLI (ledger/cli/) through typer's CliRunner: commands, --json, errors and exit codes.
+
+Tests taking ``ledger_url``, ``db_url`` or ``chain_db`` run on an SQLite file and on PostgreSQL (tests/pg.py), with
+``--db`` the URL. Those on ``ledger_db`` alone are about SQLite files or refuse their input before opening the ledger.
+"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,12 +14,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
+from ledger import migrate
 from ledger.cli import app
+from ledger.database import display_url
 from ledger.errors import AmbiguousReceipt, LedgerError, UnknownReceipt
 from ledger.models import SCHEMA_HEAD
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from tests.conftest import ReceiptChain
+from tests.pg import Cluster, raw_rows
 
 MakeChain = Callable[..., ReceiptChain]
 runner = CliRunner()
@@ -50,12 +56,22 @@ def write_receipts(path: Path, receipts: list[Receipt]) -> Path:
     return path
 
 
-@pytest.fixture
-def chain_db(ledger_db: Path, make_chain: MakeChain) -> tuple[Path, ReceiptChain]:
+def filled(db: str | Path, make_chain: MakeChain) -> tuple[str | Path, ReceiptChain]:
     c = make_chain()
-    with Store.open(ledger_db) as store:
+    with Store.open(db) as store:
         store.append_many(c.receipts())
-    return ledger_db, c
+    return db, c
+
+
+@pytest.fixture
+def chain_db(ledger_url: str, make_chain: MakeChain) -> tuple[str | Path, ReceiptChain]:
+    """A ledger holding one chain, on SQLite and on PostgreSQL."""
+    return filled(ledger_url, make_chain)
+
+
+@pytest.fixture
+def sqlite_chain_db(ledger_db: Path, make_chain: MakeChain) -> tuple[str | Path, ReceiptChain]:
+    return filled(ledger_db, make_chain)
 
 
 def two_sharing_a_prefix() -> tuple[Receipt, Receipt]:
@@ -84,6 +100,7 @@ def test_help_lists_the_commands() -> None:
         assert command in result.stdout
 
 
+# SQLite only: a new file in a new place (a PostgreSQL database is made by its operator; the next test inits one).
 def test_init_creates_the_database(tmp_path: Path) -> None:
     db = tmp_path / "sub" / "ledger.db"
     db.parent.mkdir()
@@ -93,42 +110,42 @@ def test_init_creates_the_database(tmp_path: Path) -> None:
     assert again == {"db": str(db), "receipts": 0}
 
 
-def test_init_uses_the_env_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    db = tmp_path / "from-env.db"
-    monkeypatch.setenv("LEDGER_DB", str(db))
-    ok("init")
-    assert db.exists()
+def test_init_uses_the_env_variable(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEDGER_DB", db_url)
+    assert migrate.current(db_url) is None
+    assert json.loads(ok("init", "--json").stdout) == {"db": display_url(db_url), "receipts": 0}
+    assert migrate.current(db_url) == SCHEMA_HEAD
 
 
-def test_append_file_with_several_receipts(tmp_path: Path, ledger_db: Path, make_chain: MakeChain) -> None:
+def test_append_file_with_several_receipts(tmp_path: Path, ledger_url: str, make_chain: MakeChain) -> None:
     c = make_chain()
     path = write_receipts(tmp_path / "receipts.jsonl", c.receipts())
-    result = ok("append", path, "--db", ledger_db)
+    result = ok("append", path, "--db", ledger_url)
     assert f"{len(c.receipts())} appended, 0 already present" in result.stdout
     for r in c.receipts():
         assert r.id in result.stdout
-    again = json.loads(ok("append", path, "--db", ledger_db, "--json").stdout)
+    again = json.loads(ok("append", path, "--db", ledger_url, "--json").stdout)
     assert again == {"appended": 0, "existing": len(c.receipts()), "ids": [r.id for r in c.receipts()]}
-    with Store.open(ledger_db) as store:
+    with Store.open(ledger_url) as store:
         assert store.count() == len(c.receipts())
 
 
-def test_append_one_receipt_without_trailing_newline(tmp_path: Path, ledger_db: Path) -> None:
+def test_append_one_receipt_without_trailing_newline(tmp_path: Path, ledger_url: str) -> None:
     r = make_receipt("note", run="cli", measurements={"x": 1})
     path = tmp_path / "one.json"
     path.write_bytes(r.body)
-    out = json.loads(ok("append", path, "--db", ledger_db, "--json").stdout)
+    out = json.loads(ok("append", path, "--db", ledger_url, "--json").stdout)
     assert out == {"appended": 1, "existing": 0, "ids": [r.id]}
 
 
-def test_append_from_stdin(ledger_db: Path, make_chain: MakeChain) -> None:
+def test_append_from_stdin(ledger_url: str, make_chain: MakeChain) -> None:
     c = make_chain()
     data = b"".join(r.body + b"\n" for r in c.receipts()[:3])
-    out = json.loads(ok("append", "-", "--db", ledger_db, "--json", input=data).stdout)
+    out = json.loads(ok("append", "-", "--db", ledger_url, "--json", input=data).stdout)
     assert out["appended"] == 3 and out["ids"] == [r.id for r in c.receipts()[:3]]
 
 
-def test_show_table_json_and_raw(chain_db: tuple[Path, ReceiptChain]) -> None:
+def test_show_table_json_and_raw(chain_db: tuple[str | Path, ReceiptChain]) -> None:
     db, c = chain_db
     r = c.checkpoints[0]
     table = ok("show", r.id, "--db", db).stdout
@@ -147,7 +164,7 @@ def test_show_table_json_and_raw(chain_db: tuple[Path, ReceiptChain]) -> None:
     assert Receipt.from_bytes(raw.stdout_bytes[:-1]).id == r.id
 
 
-def test_log_filters_and_json(chain_db: tuple[Path, ReceiptChain], make_chain: MakeChain) -> None:
+def test_log_filters_and_json(chain_db: tuple[str | Path, ReceiptChain], make_chain: MakeChain) -> None:
     db, c = chain_db
     other = make_chain(run="run-b", rank=1, salt="b-")
     with Store.open(db) as store:
@@ -173,7 +190,7 @@ def test_log_filters_and_json(chain_db: tuple[Path, ReceiptChain], make_chain: M
     assert "2 receipt(s)" in table
 
 
-def test_verify_ok_and_json(chain_db: tuple[Path, ReceiptChain]) -> None:
+def test_verify_ok_and_json(chain_db: tuple[str | Path, ReceiptChain]) -> None:
     db, c = chain_db
     result = ok("verify", c.eval.id, "--db", db)
     assert result.stdout.startswith(f"OK {c.eval.id}")
@@ -188,13 +205,15 @@ def test_verify_ok_and_json(chain_db: tuple[Path, ReceiptChain]) -> None:
     assert {(m["receipt"], m["name"]) for m in report["artifacts_missing"]} == cited
 
 
-def test_db_current(ledger_db: Path, tmp_path: Path) -> None:
-    out = json.loads(ok("db", "current", "--db", ledger_db, "--json").stdout)
-    assert out == {"db": str(ledger_db), "current": SCHEMA_HEAD, "head": SCHEMA_HEAD, "up_to_date": True}
-    assert "up to date" in ok("db", "current", "--db", ledger_db).stdout
+def test_db_current(ledger_url: str) -> None:
+    out = json.loads(ok("db", "current", "--db", ledger_url, "--json").stdout)
+    assert out == {"db": display_url(ledger_url), "current": SCHEMA_HEAD, "head": SCHEMA_HEAD, "up_to_date": True}
+    assert "up to date" in ok("db", "current", "--db", ledger_url).stdout
 
 
 # ----------------------------------------------------------------------------------------------- errors
+
+# The next five on SQLite only: `ledger append` refuses the input before it opens the ledger.
 
 
 def test_malformed_receipt_file(tmp_path: Path, ledger_db: Path) -> None:
@@ -234,31 +253,34 @@ def test_append_file_not_found(tmp_path: Path, ledger_db: Path) -> None:
     assert "absent.json" in fails(2, "append", tmp_path / "absent.json", "--db", ledger_db)
 
 
-def test_missing_parents_on_append(tmp_path: Path, ledger_db: Path) -> None:
+def test_missing_parents_on_append(tmp_path: Path, ledger_url: str) -> None:
     parent = make_receipt("note", measurements={"p": 1})
     child = make_receipt("note", parents=[parent])
-    line = fails(3, "append", write_receipts(tmp_path / "c.jsonl", [child]), "--db", ledger_db)
+    line = fails(3, "append", write_receipts(tmp_path / "c.jsonl", [child]), "--db", ledger_url)
     assert parent.id in line and "parent" in line
+    with Store.open(ledger_url) as store:
+        assert store.count() == 0
 
 
-def test_unknown_id(chain_db: tuple[Path, ReceiptChain]) -> None:
+def test_unknown_id(chain_db: tuple[str | Path, ReceiptChain]) -> None:
     db, _ = chain_db
     absent = make_receipt("note", measurements={"absent": True}).id
     for command in ("show", "verify"):
         assert "no receipt matches" in fails(3, command, absent, "--db", db)
 
 
-def test_ambiguous_prefix(ledger_db: Path) -> None:
+def test_ambiguous_prefix(ledger_url: str) -> None:
     a, b = two_sharing_a_prefix()
-    with Store.open(ledger_db) as store:
+    with Store.open(ledger_url) as store:
         store.append_many([a, b])
     for command in ("show", "verify"):
-        line = fails(3, command, a.id[7:11], "--db", ledger_db)
+        line = fails(3, command, a.id[7:11], "--db", ledger_url)
         assert "matches 2 receipts" in line and a.id[:19] in line and b.id[:19] in line
 
 
-def test_truncated_hex(chain_db: tuple[Path, ReceiptChain]) -> None:
-    db, c = chain_db
+# SQLite only: each reference is refused before any query.
+def test_truncated_hex(sqlite_chain_db: tuple[str | Path, ReceiptChain]) -> None:
+    db, c = sqlite_chain_db
     for command in ("show", "verify"):
         assert "64 lowercase hex" in fails(2, command, c.eval.id[:-3], "--db", db)
     assert "too short" in fails(2, "show", c.eval.id[7:9], "--db", db)
@@ -273,16 +295,23 @@ def test_missing_database(tmp_path: Path) -> None:
     assert not absent.exists()
 
 
-def test_database_at_unknown_revision(ledger_db: Path) -> None:
-    with sqlite3.connect(ledger_db) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = 'zzzz'")
-    line = fails(4, "log", "--db", ledger_db)
+def test_missing_postgresql_database(postgres_cluster: Cluster) -> None:
+    """A server without the named database: one line naming it (password hidden), exit 4, for every command."""
+    url = postgres_cluster.url("absent").replace("postgres@", "postgres:secret@")
+    for args in (("init",), ("show", "abcd"), ("log",), ("verify", "abcd"), ("append", "-"), ("db", "upgrade")):
+        line = fails(4, *args, "--db", url, input=make_receipt("note").body)
+        assert '"absent" does not exist' in line and "secret" not in line, (args, line)
+
+
+def test_database_at_unknown_revision(ledger_url: str) -> None:
+    raw_rows(ledger_url, "UPDATE alembic_version SET version_num = 'zzzz'")
+    line = fails(4, "log", "--db", ledger_url)
     assert "zzzz" in line and "ledger db upgrade" in line
-    out = json.loads(ok("db", "current", "--db", ledger_db, "--json").stdout)
+    out = json.loads(ok("db", "current", "--db", ledger_url, "--json").stdout)
     assert out["current"] == "zzzz" and out["up_to_date"] is False
 
 
-def test_debug_env_lets_the_exception_through(chain_db: tuple[Path, ReceiptChain]) -> None:
+def test_debug_env_lets_the_exception_through(chain_db: tuple[str | Path, ReceiptChain]) -> None:
     db, c = chain_db
     absent = make_receipt("note", measurements={"absent": True}).id
     result = run("show", absent, "--db", db, env={"LEDGER_DEBUG": "1"})
@@ -293,9 +322,9 @@ def test_debug_env_lets_the_exception_through(chain_db: tuple[Path, ReceiptChain
     assert isinstance(result.exception, LedgerError) and result.exception.exit_code == 2
 
 
-def test_debug_env_ambiguous(ledger_db: Path) -> None:
+def test_debug_env_ambiguous(ledger_url: str) -> None:
     a, b = two_sharing_a_prefix()
-    with Store.open(ledger_db) as store:
+    with Store.open(ledger_url) as store:
         store.append_many([a, b])
-    result: Any = run("verify", a.id[7:11], "--db", ledger_db, env={"LEDGER_DEBUG": "1"})
+    result: Any = run("verify", a.id[7:11], "--db", ledger_url, env={"LEDGER_DEBUG": "1"})
     assert isinstance(result.exception, AmbiguousReceipt)

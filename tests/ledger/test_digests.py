@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import math
+import re
 import shutil
 import subprocess
 from decimal import Decimal
@@ -318,3 +320,211 @@ def test_changing_any_leaf_changes_digest(value: Any, data: st.DataObject) -> No
     new = data.draw(leaves.filter(lambda v: typed(v) != typed(old)), label="new")
     changed = _replace(value, path, new)
     assert digests.digest_json("json", changed) != digests.digest_json("json", value)
+
+
+# ------------------------------------------------------------- the fast encoder and parser against the reference
+# canonical_bytes and parse_canonical take a fast path and fall back to the reference for anything it cannot vouch
+# for; every test below holds both to the same bytes, the same values and the same errors.
+
+SPEC = Path(__file__).resolve().parents[2] / "docs" / "receipts.md"
+
+
+def _outcome(fn: Any, arg: Any) -> tuple[str, Any]:
+    """What ``fn(arg)`` does: ("ok", typed value or bytes) or ("error", exception type and message)."""
+    try:
+        out = fn(arg)
+    except (NonCanonical, TypeError, ValueError) as exc:
+        return "error", (type(exc).__name__, str(exc))
+    return "ok", out if isinstance(out, bytes) else typed(out)
+
+
+def assert_encoders_agree(value: Any) -> None:
+    assert _outcome(digests.canonical_bytes, value) == _outcome(digests.canonical_bytes_reference, value)
+
+
+def assert_parsers_agree(data: bytes) -> None:
+    assert _outcome(digests.parse_canonical, data) == _outcome(digests.parse_canonical_reference, data)
+
+
+# Values the fast path must hand to the reference: out-of-range integers, NaN and infinities, lone surrogates,
+# non-string keys, tuples, subclasses, other types, and depth at and beyond the limit.
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+class _Dict(dict):  # type: ignore[type-arg]
+    pass
+
+
+hostile_leaves = (
+    leaves
+    | st.integers()
+    | st.floats()
+    | st.text(alphabet=st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010), max_size=3)
+    | st.sampled_from([_Str("s"), _Int(3), True, b"x", Decimal("1.5"), 10**19, -(2**63), 2**63 - 1, 2**63,
+                       -(2**63) - 1, float("nan"), -0.0, 1e16, 5e-324, "\udc80", "\x00\x1f\"\\"])
+)
+hostile_values = st.recursive(
+    hostile_leaves,
+    lambda children: (st.lists(children, max_size=4) | st.lists(children, max_size=3).map(tuple)
+                      | st.dictionaries(st.text(max_size=4) | st.integers(-3, 3) | st.none() | st.booleans()
+                                        | st.floats(allow_nan=False, width=16), children, max_size=4)
+                      | st.dictionaries(st.text(max_size=3), children, max_size=3).map(_Dict)),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(json_values)
+def test_fast_encoder_gives_the_reference_bytes(value: Any) -> None:
+    assert digests.canonical_bytes(value) == digests.canonical_bytes_reference(value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(hostile_values)
+def test_fast_encoder_agrees_with_the_reference_on_anything(value: Any) -> None:
+    assert_encoders_agree(value)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [255, 256, 257, 300, 1500])
+def test_fast_encoder_and_parser_agree_at_the_depth_limit(depth: int) -> None:
+    value = _nested(depth)
+    assert_encoders_agree(value)
+    text = ("[" * depth + "]" * depth).encode()
+    assert_parsers_agree(text)
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    assert_encoders_agree(cyclic)
+
+
+@settings(max_examples=500, deadline=None)
+@given(json_values)
+def test_fast_parser_gives_the_reference_values(value: Any) -> None:
+    data = digests.canonical_bytes_reference(value)
+    assert typed(digests.parse_canonical(data)) == typed(digests.parse_canonical_reference(data))
+
+
+@settings(max_examples=500, deadline=None)
+@given(json_values, st.data())
+def test_fast_parser_agrees_on_mutated_bytes(value: Any, data: st.DataObject) -> None:
+    original = digests.canonical_bytes_reference(value)
+    index = data.draw(st.integers(min_value=0, max_value=len(original) - 1), label="index")
+    new_byte = data.draw(st.integers(min_value=0, max_value=255), label="byte")
+    assert_parsers_agree(original[:index] + bytes([new_byte]) + original[index + 1 :])
+    cut = data.draw(st.integers(min_value=0, max_value=len(original)), label="cut")
+    assert_parsers_agree(original[:cut])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40) | st.text(alphabet='[]{}",:0123456789.-+eE\\ntrufalsu\u00e9 ', max_size=30).map(
+    lambda s: s.encode("utf-8", "surrogatepass")))
+def test_fast_parser_agrees_on_arbitrary_bytes(data: bytes) -> None:
+    assert_parsers_agree(data)
+
+
+@pytest.mark.parametrize("data", [
+    b"9223372036854775807", b"-9223372036854775808", b"9223372036854775808", b"-9223372036854775809",
+    b"[1234567890123456789012]", b'{"a":-99999999999999999999}', b'"blake3:1234567890123456789012345678901234567890"',
+    b'{"a:1234567890123456789012":1}', b"0.00012345678901234567", b'{"a":1,"a":1}', b'{"a":1e400}', b"[NaN]",
+    b'"\\ud800"', b'"\\ud83d\\ude00"', b"\xef\xbb\xbf{}", b"-0", b"1E5", b" 1", b"[1,]", b"",
+])
+def test_fast_parser_agrees_on_edge_cases(data: bytes) -> None:
+    assert_parsers_agree(data)
+
+
+def _spec_blocks(label: str) -> list[dict[str, str]]:
+    """The records of the page's ```example-<label> blocks (format: docs/receipts.md section 8)."""
+    out: list[dict[str, str]] = []
+    for body in re.findall(rf"^```example-{label}\n(.*?)^```$", SPEC.read_text(encoding="utf-8"), flags=re.S | re.M):
+        rec: dict[str, str] = {}
+        for line in [*body.split("\n"), ""]:
+            if not line.strip():
+                if rec:
+                    out.append(rec)
+                rec = {}
+                continue
+            key, _, value = line.partition(": ")
+            rec[key] = rec.get(key, "") + value if key == "hex" else value
+    return out
+
+
+def test_spec_vectors_agree_on_both_paths() -> None:
+    canonical = _spec_blocks("canonical")
+    assert len(canonical) >= 2
+    for rec in canonical:
+        value = ast.literal_eval(rec["input"])
+        for encode in (digests.canonical_bytes, digests.canonical_bytes_reference):
+            assert encode(value).hex() == rec["hex"]
+        for parse in (digests.parse_canonical, digests.parse_canonical_reference):
+            assert typed(parse(bytes.fromhex(rec["hex"]))) == typed(value)
+    floats = re.search(r"^```example-floats\n(.*?)^```$", SPEC.read_text(encoding="utf-8"), flags=re.S | re.M)
+    assert floats is not None
+    for line in floats.group(1).split("\n"):
+        if line.strip():
+            hexfloat, text = line.split()
+            value = float.fromhex(hexfloat)
+            for encode in (digests.canonical_bytes, digests.canonical_bytes_reference):
+                assert encode(value) == text.encode() and encode([value]) == f"[{text}]".encode()
+            assert repr(digests.parse_canonical(text.encode())) == repr(value)
+    receipts = _spec_blocks("receipt")
+    assert len(receipts) >= 3
+    for rec in receipts:
+        body = rec["body"].encode()
+        assert digests.canonical_bytes(digests.parse_canonical(body)) == body
+        assert_parsers_agree(body)
+    rejected = [r for r in _spec_blocks("noncanonical") if r.get("as", "json") == "json"]
+    assert len(rejected) >= 10
+    for rec in rejected:
+        data = bytes.fromhex(rec["hex"]) if "hex" in rec else rec["bytes"].encode("utf-8")
+        for parse in (digests.parse_canonical, digests.parse_canonical_reference):
+            with pytest.raises(NonCanonical) as info:
+                parse(data)
+            assert str(info.value) == rec["error"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=12) | hostile_leaves, st.text(max_size=6) | hostile_leaves,
+       st.lists(st.integers(min_value=0, max_value=2**40) | hostile_leaves, max_size=4)
+       | st.lists(st.integers(), max_size=3).map(tuple), st.text(max_size=70) | hostile_leaves)
+def test_tensor_digest_fast_path_is_the_general_encoding(name: Any, dtype: Any, shape: Any, data: Any) -> None:
+    def general() -> str:
+        return digests.digest_bytes("tensor", digests.canonical_bytes_reference(
+            {"name": name, "dtype": dtype, "shape": list(shape), "data": data}))
+
+    assert _outcome(lambda _: digests.tensor_digest(name, dtype, shape, data), None) == _outcome(
+        lambda _: general(), None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(json_values, min_size=1, max_size=6), st.data())
+def test_lines_parsed_at_once_are_the_lines_parsed_one_by_one(values: list[Any], data: st.DataObject) -> None:
+    lines = [digests.canonical_bytes_reference(v) for v in values]
+    if data.draw(st.booleans(), label="mutate"):
+        i = data.draw(st.integers(0, len(lines) - 1), label="line")
+        at = data.draw(st.integers(0, len(lines[i])), label="at")
+        lines[i] = lines[i][:at] + data.draw(st.sampled_from([b",", b"[", b"]", b" ", b"1", b'"', b"\\"]),
+                                               label="byte") + lines[i][at:]
+    one_by_one = [_outcome(digests.parse_canonical, line) for line in lines]
+    at_once = digests.parse_canonical_lines(lines)
+    if at_once is None:  # the caller parses line by line
+        return
+    assert all(kind == "ok" for kind, _ in one_by_one)
+    assert [typed(v) for v in at_once] == [value for _, value in one_by_one]
+
+
+@pytest.mark.parametrize("lines", [[b"1,2", b"3"], [b"[1", b"2]", b"3"], [b""], [b'{"a":1}', b""],
+                                   [b"[" * 300 + b"]" * 300], [b"9223372036854775808"], [b'"\\ud800"'],
+                                   [b"1", b"1e5"]])
+def test_lines_that_are_not_each_one_canonical_value_are_left_to_the_line_parser(lines: list[bytes]) -> None:
+    assert digests.parse_canonical_lines(lines) is None

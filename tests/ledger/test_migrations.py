@@ -1,9 +1,11 @@
 """Alembic migrations: one head equal to SCHEMA_HEAD, upgrading an empty database yields exactly the models,
 downgrade/upgrade round-trips, receipts survive a table-recreating migration, a populated 0001 database is refused
 until upgraded and keeps every receipt (ids, bytes, edges, artifacts) through 0001 -> 0002 and back, databases at
-no or an unknown revision are refused with the upgrade command named, the installed wheel carries its migrations,
-and (when a PostgreSQL server and psycopg are available) the same schema, store and data migration work on
-PostgreSQL.
+no or an unknown revision are refused with the upgrade command named, the installed wheel carries its migrations.
+
+Tests taking ``db_url`` or ``make_db_url`` run on an SQLite file and on PostgreSQL (tests/pg.py): the migrations
+are the same scripts on both, and PostgreSQL is where constraint names share one namespace and foreign keys are
+never off. Those on ``tmp_path`` alone are about SQLite's batch mode, its files, or the installed wheel.
 """
 
 from __future__ import annotations
@@ -11,39 +13,38 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import pwd
 import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from glob import glob
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
 import migrations
 from ledger import migrate
 from ledger.cli import app
-from ledger.database import make_engine, resolve_url
+from ledger.database import display_url, make_engine, resolve_url, sqlite_path
 from ledger.errors import EXIT_DATABASE, DatabaseError, SchemaOutOfDate, UnknownSchema
 from ledger.models import KNOWN_REVISIONS, SCHEMA_HEAD, Base
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from tests.conftest import ReceiptChain
+from tests.pg import MakeDbUrl, raw_rows
 from verify.receipts import verify_receipt
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_REVISION = "0002_test"
 LEDGER_TABLES = set(Base.metadata.tables)
-TABLES_SINCE_0003 = {"receipt_locations"}  # absent from a database at 0001 or 0002
+# The tables SQLite stores WITHOUT ROWID: those the models declare so (their primary key is the whole row).
+WITHOUT_ROWID = {name for name, table in Base.metadata.tables.items()
+                 if table.dialect_options["sqlite"].get("with_rowid") is False}
 
 # A throw-away second revision: batch mode with recreate="always" copies, drops and renames `receipts` (what
 # SQLite needs for most ALTERs), the riskiest thing a real migration does to a populated ledger.
@@ -104,21 +105,21 @@ def temp_migrations(tmp_path: Path, revision_source: str) -> Path:
     return copy
 
 
-def rows_snapshot(path: Path) -> list[tuple[int, str, bytes]]:
-    """(seq, id, body) of every receipt, read with the stdlib driver so nothing of ours is in the way."""
-    with sqlite3.connect(path) as conn:
-        return conn.execute("SELECT seq, id, body FROM receipts ORDER BY seq").fetchall()
+def rows_snapshot(db: str | Path) -> list[tuple[int, str, bytes]]:
+    """(seq, id, body) of every receipt, read through a plain engine so nothing of ours is in the way."""
+    return [(seq, rid, bytes(body)) for seq, rid, body in
+            raw_rows(resolve_url(db), "SELECT seq, id, body FROM receipts ORDER BY seq")]
 
 
-def edge_count(path: Path) -> tuple[int, int]:
-    with sqlite3.connect(path) as conn:
-        return (conn.execute("SELECT count(*) FROM receipt_parents").fetchone()[0],
-                conn.execute("SELECT count(*) FROM receipt_artifacts").fetchone()[0])
+def edge_count(db: str | Path) -> tuple[int, int]:
+    url = resolve_url(db)
+    return (raw_rows(url, "SELECT count(*) FROM receipt_parents")[0][0],
+            raw_rows(url, "SELECT count(*) FROM receipt_artifacts")[0][0])
 
 
-def populate(path: Path, chain: ReceiptChain) -> list[str]:
+def populate(db: str | Path, chain: ReceiptChain) -> list[str]:
     """A ledger at head holding ``chain`` plus a second lineage cross-linked into it; returns every id."""
-    with Store.open(path, create=True) as store:
+    with Store.open(db, create=True) as store:
         store.append_many(chain.receipts())
         note = make_receipt("note", prepared=chain.prepared, parents=[chain.eval, chain.contract],
                             measurements={"text": "cites two branches"})
@@ -174,9 +175,31 @@ def without_rowid(path: Path) -> set[str]:
                 if sql.rstrip().endswith("WITHOUT ROWID")}
 
 
-def stamp_sqlite(path: Path, revision: str) -> None:
+def sqlite_checks(url: str) -> None:
+    """SQLite's own checks of a file (PostgreSQL has no file to check and never turns foreign keys off)."""
+    path = sqlite_path(url)
+    if path is None:
+        return
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = ?", (revision,))
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def stamp(url: str, revision: str) -> None:
+    raw_rows(url, "UPDATE alembic_version SET version_num = :v", {"v": revision})
+
+
+def edit_without_foreign_keys(url: str, sql: str, params: dict[str, str]) -> None:
+    """Write a row no foreign key would allow, as an editor can: SQLite's stdlib driver has them off, and a
+    PostgreSQL superuser can switch their triggers off for a transaction."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+            conn.execute(text(sql), params)
+    finally:
+        engine.dispose()
 
 
 FIRST = KNOWN_REVISIONS[0]  # 0001_initial: edge and artifact rows keyed by receipt id
@@ -306,15 +329,14 @@ def test_exactly_one_head_and_it_is_schema_head() -> None:
     assert [s.revision for s in script.walk_revisions()][::-1] == list(KNOWN_REVISIONS)
 
 
-def test_upgrading_an_empty_file_yields_exactly_the_models(tmp_path: Path) -> None:
-    path = tmp_path / "empty.db"
-    path.touch()  # an existing zero-byte file, as `touch ledger.db` leaves it
-    url = url_of(path)
+def test_upgrading_an_empty_database_yields_exactly_the_models(db_url: str) -> None:
+    url = db_url  # SQLite: an existing zero-byte file, as `touch ledger.db` leaves it
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert migrate.current(url) == SCHEMA_HEAD
     assert table_names(url) == LEDGER_TABLES | {"alembic_version"}
-    # compare_metadata covers columns, types, nullability, indexes and unique constraints ...
+    # compare_metadata covers columns, types, nullability, indexes and unique constraints (and foreign keys on
+    # PostgreSQL) ...
     assert migrate.schema_diff(url) == []
     # ... but not primary or foreign key names on SQLite, so compare every name directly.
     assert reflected_names(url) == model_names()
@@ -323,23 +345,22 @@ def test_upgrading_an_empty_file_yields_exactly_the_models(tmp_path: Path) -> No
                  "pk_receipt_parents", "pk_receipt_artifacts", "pk_artifact_locations", "ix_receipts_prepared_kind",
                  "ix_receipt_parents_parent_seq"):
         assert name in reflected_names(url)
-    # The edge and artifact rows are one B-tree each on SQLite (their primary key is the whole row).
-    assert without_rowid(path) == {"receipt_parents", "receipt_artifacts", "receipt_locations"}
+    path = sqlite_path(url)
+    if path is not None:  # the edge and artifact rows are one B-tree each on SQLite (the key is the whole row)
+        assert {"receipt_parents", "receipt_artifacts", "receipt_locations"} <= WITHOUT_ROWID
+        assert without_rowid(path) == WITHOUT_ROWID
 
 
-def test_schema_diff_sees_a_drifted_database(tmp_path: Path) -> None:
+def test_schema_diff_sees_a_drifted_database(db_url: str) -> None:
     """The drift check is only worth something if it can fail: drop an index and it must say so."""
-    path = tmp_path / "drift.db"
-    migrate.upgrade(url_of(path))
-    with sqlite3.connect(path) as conn:
-        conn.execute("DROP INDEX ix_receipts_kind")
-    diff = migrate.schema_diff(url_of(path))
+    migrate.upgrade(db_url)
+    raw_rows(db_url, "DROP INDEX ix_receipts_kind")
+    diff = migrate.schema_diff(db_url)
     assert len(diff) == 1 and diff[0][0] == "add_index" and diff[0][1].name == "ix_receipts_kind"
 
 
-def test_downgrade_to_base_and_upgrade_round_trips(tmp_path: Path) -> None:
-    path = tmp_path / "round.db"
-    url = url_of(path)
+def test_downgrade_to_base_and_upgrade_round_trips(db_url: str) -> None:
+    url = db_url
     migrate.upgrade(url)
     migrate.downgrade(url, "base")
     assert migrate.current(url) is None
@@ -348,25 +369,26 @@ def test_downgrade_to_base_and_upgrade_round_trips(tmp_path: Path) -> None:
     assert migrate.current(url) == SCHEMA_HEAD
     assert migrate.schema_diff(url) == []
     assert reflected_names(url) == model_names()
-    with Store.open(path) as store:
+    with Store.open(url) as store:
         assert store.count() == 0
 
 
 # ------------------------------------------------------------------------------------------ data survives
 
 
-def test_upgrade_at_head_is_a_no_op_for_data(tmp_path: Path, make_chain: Callable[..., ReceiptChain]) -> None:
-    path = tmp_path / "ledger.db"
-    ids = populate(path, make_chain())
-    before = rows_snapshot(path)
-    code, stdout, stderr = cli("db", "upgrade", "--db", str(path), "--json")
+def test_upgrade_at_head_is_a_no_op_for_data(db_url: str, make_chain: Callable[..., ReceiptChain]) -> None:
+    ids = populate(db_url, make_chain())
+    before = rows_snapshot(db_url)
+    code, stdout, stderr = cli("db", "upgrade", "--db", db_url, "--json")
     assert code == 0, stderr
-    assert json.loads(stdout) == {"db": str(path), "from": SCHEMA_HEAD, "to": SCHEMA_HEAD}
-    assert rows_snapshot(path) == before
-    with Store.open(path) as store:
+    assert json.loads(stdout) == {"db": display_url(db_url), "from": SCHEMA_HEAD, "to": SCHEMA_HEAD}
+    assert rows_snapshot(db_url) == before
+    with Store.open(db_url) as store:
         assert_all_verify(store, ids)
 
 
+# SQLite only: batch mode's copy-drop-rename is how SQLite ALTERs a table; PostgreSQL alters it in place, and there a
+# foreign key citing the old table would keep the DROP from happening at all.
 def test_receipts_survive_a_table_recreating_migration_and_its_downgrade(
     tmp_path: Path, make_chain: Callable[..., ReceiptChain]
 ) -> None:
@@ -414,29 +436,30 @@ def test_receipts_survive_a_table_recreating_migration_and_its_downgrade(
 
 
 def test_a_migration_that_breaks_a_foreign_key_is_rolled_back(
-    tmp_path: Path, make_chain: Callable[..., ReceiptChain]
+    tmp_path: Path, db_url: str, backend: str, make_chain: Callable[..., ReceiptChain]
 ) -> None:
-    """Foreign keys are off while batch mode recreates tables; env.py re-checks them before committing."""
-    path = tmp_path / "ledger.db"
-    populate(path, make_chain())
-    before, edges = rows_snapshot(path), edge_count(path)
+    """On SQLite foreign keys are off while batch mode recreates tables, and env.py re-checks them before
+    committing; PostgreSQL refuses the DELETE itself. Either way the migration rolls back whole."""
+    populate(db_url, make_chain())
+    before, edges = rows_snapshot(db_url), edge_count(db_url)
     scripts = temp_migrations(tmp_path, _DANGLING)
-    with pytest.raises(DatabaseError, match="dangling foreign key"):
-        migrate.upgrade(url_of(path), script_location=scripts)
-    assert migrate.current(url_of(path)) == SCHEMA_HEAD
-    assert rows_snapshot(path) == before and edge_count(path) == edges
+    refusal = "dangling foreign key" if backend == "sqlite" else "violates foreign key constraint"
+    with pytest.raises(DatabaseError, match=refusal):
+        migrate.upgrade(db_url, script_location=scripts)
+    assert migrate.current(db_url) == SCHEMA_HEAD
+    assert rows_snapshot(db_url) == before and edge_count(db_url) == edges
 
 
 # ------------------------------------------------------------------------- the real 0001 -> 0002 migration
 
 
 def test_a_database_at_0001_is_refused_and_upgrading_it_keeps_every_receipt(
-    tmp_path: Path, make_chain: Callable[..., ReceiptChain]
+    db_url: str, make_chain: Callable[..., ReceiptChain]
 ) -> None:
     """The older known revision, for real: refused with the command named, then upgraded through the CLI with
-    every receipt, edge and artifact row carried over and every receipt verifying under the same id."""
-    path = tmp_path / "old.db"
-    url = url_of(path)
+    every receipt, edge and artifact row carried over and every receipt verifying under the same id. On
+    PostgreSQL the rows go through a scratch table (constraint names share one namespace there)."""
+    url, shown = db_url, display_url(db_url)
     receipts = lineage(make_chain(checkpoint_steps=(2, 4, 6, 8), end_step=9))
     populate_first(url, receipts)
     before = receipt_rows(url)
@@ -445,186 +468,193 @@ def test_a_database_at_0001_is_refused_and_upgrading_it_keeps_every_receipt(
 
     assert FIRST in KNOWN_REVISIONS and FIRST != SCHEMA_HEAD
     with pytest.raises(SchemaOutOfDate) as info:
-        Store.open(path)
+        Store.open(url)
     assert info.value.current == FIRST and info.value.head == SCHEMA_HEAD
-    assert FIRST in str(info.value) and f"`ledger db upgrade --db {path}`" in str(info.value)
+    assert FIRST in str(info.value) and f"`ledger db upgrade --db {shown}`" in str(info.value)
     for args in (("log",), ("verify", receipts[-1].id), ("show", receipts[0].id)):
-        code, stdout, stderr = cli(*args, "--db", str(path))
+        code, stdout, stderr = cli(*args, "--db", url)
         assert code == EXIT_DATABASE and stdout == "", (args, code, stdout, stderr)
         assert len(stderr.splitlines()) == 1 and FIRST in stderr and "`ledger db upgrade --db" in stderr
-    code, stdout, _ = cli("db", "current", "--db", str(path), "--json")
+    code, stdout, _ = cli("db", "current", "--db", url, "--json")
     assert code == 0
-    assert json.loads(stdout) == {"db": str(path), "current": FIRST, "head": SCHEMA_HEAD, "up_to_date": False}
+    assert json.loads(stdout) == {"db": shown, "current": FIRST, "head": SCHEMA_HEAD, "up_to_date": False}
 
-    code, stdout, stderr = cli("db", "upgrade", "--db", str(path), "--json")
+    code, stdout, stderr = cli("db", "upgrade", "--db", url, "--json")
     assert code == 0, stderr
-    assert json.loads(stdout) == {"db": str(path), "from": FIRST, "to": SCHEMA_HEAD}
+    assert json.loads(stdout) == {"db": shown, "from": FIRST, "to": SCHEMA_HEAD}
     assert migrate.schema_diff(url) == [] and reflected_names(url) == model_names()
     assert table_names(url) == LEDGER_TABLES | {"alembic_version"}  # the scratch table is gone
-    assert without_rowid(path) == {"receipt_parents", "receipt_artifacts", "receipt_locations"}
-    with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    path = sqlite_path(url)
+    if path is not None:
+        assert without_rowid(path) == WITHOUT_ROWID
+    sqlite_checks(url)
     # Same rows in the same append order with the same bytes; every index row still says what the bodies say.
     assert receipt_rows(url) == before
     assert index_rows(url) == from_bodies(receipts)
 
-    with Store.open(path) as store:
+    with Store.open(url) as store:
         assert [s.receipt.id for s in store.find()] == [r.id for r in receipts]
         assert_all_verify(store, [r.id for r in receipts])
         # The recursive queries walk the carried-over edges: they agree with the parents inside the bodies.
         for r in receipts:
             assert {s.receipt.id for s in store.ancestors(r.id)} == ancestry(receipts, r.id, up=True)
             assert {s.receipt.id for s in store.descendants(r.id)} == ancestry(receipts, r.id, up=False)
-        # The ledger keeps growing where 0001 left it.
+        # The ledger keeps growing where 0001 left it (on PostgreSQL: its sequence is where the rows are).
         tip = receipts[-1]
         extra = store.append(make_receipt("note", prepared=tip.prepared, parents=[tip]))
         assert extra.seq == before[-1][0] + 1
         assert verify_receipt(store, extra.receipt.id).receipts_checked == len(ancestry(receipts, tip.id)) + 1
-    code, stdout, stderr = cli("verify", receipts[-1].id, "--db", str(path), "--json")
+    code, stdout, stderr = cli("verify", receipts[-1].id, "--db", url, "--json")
     assert code == 0 and json.loads(stdout)["ok"] is True, stderr
 
 
 def test_downgrade_to_0001_keeps_every_receipt_and_upgrades_again(
-    tmp_path: Path, make_chain: Callable[..., ReceiptChain]
+    make_db_url: MakeDbUrl, make_chain: Callable[..., ReceiptChain]
 ) -> None:
-    path = tmp_path / "ledger.db"
-    url = url_of(path)
+    url = make_db_url("ledger")
     chain = make_chain(checkpoint_steps=(2, 4, 6, 8), end_step=9)
     receipts = lineage(chain)
-    ids = populate(path, chain)
+    ids = populate(url, chain)
     assert ids == [r.id for r in receipts]
     before = receipt_rows(url)
     assert index_rows(url) == from_bodies(receipts)
 
-    code, _, stderr = cli("db", "downgrade", FIRST, "--db", str(path))
+    code, _, stderr = cli("db", "downgrade", FIRST, "--db", url)
     assert code == 0, stderr
     assert migrate.current(url) == FIRST
-    fresh = tmp_path / "fresh-0001.db"
-    migrate.upgrade(url_of(fresh), FIRST)
-    assert schema_shape(url) == schema_shape(url_of(fresh))  # exactly 0001's tables, keys and indexes
-    assert without_rowid(path) == set()
+    fresh = make_db_url("fresh_0001")
+    migrate.upgrade(fresh, FIRST)
+    assert schema_shape(url) == schema_shape(fresh)  # exactly 0001's tables, keys and indexes
+    path = sqlite_path(url)
+    if path is not None:
+        assert without_rowid(path) == set()
     assert receipt_rows(url) == before and index_rows(url) == from_bodies(receipts)
     with pytest.raises(SchemaOutOfDate):
-        Store.open(path)
+        Store.open(url)
 
     migrate.upgrade(url)
     assert migrate.current(url) == SCHEMA_HEAD
     assert migrate.schema_diff(url) == [] and reflected_names(url) == model_names()
     assert receipt_rows(url) == before and index_rows(url) == from_bodies(receipts)
-    with Store.open(path) as store:
+    with Store.open(url) as store:
         assert_all_verify(store, ids)
+        # Appending goes on after the round trip (on PostgreSQL: the sequence survived it).
+        extra = store.append(make_receipt("note", prepared=chain.prepared, parents=[receipts[-1]]))
+        assert extra.seq > before[-1][0]
+        verify_receipt(store, extra.receipt.id)
 
 
+@pytest.mark.parametrize("table, statement", [
+    ("receipt_parents", "INSERT INTO receipt_parents (child, parent) VALUES (:ghost, :real)"),
+    ("receipt_artifacts", "INSERT INTO receipt_artifacts (receipt, name, digest) VALUES (:ghost, 'x', :real)"),
+], ids=["edge", "artifact"])
 def test_upgrade_from_0001_refuses_index_rows_that_cite_no_receipt(
-    tmp_path: Path, make_chain: Callable[..., ReceiptChain]
+    make_db_url: MakeDbUrl, make_chain: Callable[..., ReceiptChain], table: str, statement: str
 ) -> None:
     """A 0001 edge or artifact row naming an id that is not stored (only an edit with foreign keys off makes one)
     cannot be keyed by seq: the upgrade stops, names the table, and leaves the database as it was."""
     receipts = lineage(make_chain())
-    ghost = "blake3:" + "0" * 64
-    for table, statement in (
-        ("receipt_parents", "INSERT INTO receipt_parents (child, parent) VALUES (?, ?)"),
-        ("receipt_artifacts", "INSERT INTO receipt_artifacts (receipt, name, digest) VALUES (?, 'x', ?)"),
-    ):
-        path = tmp_path / f"{table}.db"
-        url = url_of(path)
-        populate_first(url, receipts)
-        with sqlite3.connect(path) as conn:  # the stdlib driver: foreign keys off, as an editor would have them
-            conn.execute(statement, (ghost, receipts[0].id))
-        before, rows = receipt_rows(url), index_rows(url)
-        code, stdout, stderr = cli("db", "upgrade", "--db", str(path))
-        assert code == EXIT_DATABASE and stdout == "", stderr
-        assert len(stderr.splitlines()) == 1 and table in stderr and "1 of" in stderr
-        assert migrate.current(url) == FIRST
-        assert table_names(url) == (LEDGER_TABLES - TABLES_SINCE_0003) | {"alembic_version"}
-        assert receipt_rows(url) == before and index_rows(url) == rows
+    url, fresh = make_db_url("ledger"), make_db_url("fresh_0001")
+    migrate.upgrade(fresh, FIRST)
+    populate_first(url, receipts)
+    edit_without_foreign_keys(url, statement, {"ghost": "blake3:" + "0" * 64, "real": receipts[0].id})
+    before, rows = receipt_rows(url), index_rows(url)
+    code, stdout, stderr = cli("db", "upgrade", "--db", url)
+    assert code == EXIT_DATABASE and stdout == "", stderr
+    assert len(stderr.splitlines()) == 1 and table in stderr and "1 of" in stderr
+    assert migrate.current(url) == FIRST
+    assert table_names(url) == table_names(fresh)  # 0001's tables, no scratch table, nothing newer
+    assert receipt_rows(url) == before and index_rows(url) == rows
 
 
 # ----------------------------------------------------------------------------- old and unknown revisions
 
 
-def _unstamped(path: Path) -> None:
+def _unstamped(url: str) -> None:
     """Ledger tables made straight from the models, with no alembic_version at all."""
-    engine = make_engine(url_of(path))
+    engine = make_engine(url)
     Base.metadata.create_all(engine)
     engine.dispose()
 
 
-def _downgraded(path: Path) -> None:
-    migrate.upgrade(url_of(path))
-    migrate.downgrade(url_of(path), "base")
+def _downgraded(url: str) -> None:
+    migrate.upgrade(url)
+    migrate.downgrade(url, "base")
 
 
-@pytest.mark.parametrize("make_db", [_unstamped, _downgraded, Path.touch], ids=["tables-unstamped", "base", "empty"])
-def test_a_database_without_a_revision_names_the_upgrade_command(
-    tmp_path: Path, make_db: Callable[[Path], None]
-) -> None:
-    path = tmp_path / "old.db"
-    make_db(path)
+def _empty(url: str) -> None:
+    """Nothing: the database is empty already (on SQLite a zero-byte file, as `touch ledger.db` leaves it)."""
+
+
+@pytest.mark.parametrize("make_db", [_unstamped, _downgraded, _empty], ids=["tables-unstamped", "base", "empty"])
+def test_a_database_without_a_revision_names_the_upgrade_command(db_url: str, make_db: Callable[[str], None]) -> None:
+    url, shown = db_url, display_url(db_url)
+    make_db(url)
     with pytest.raises(SchemaOutOfDate) as info:
-        Store.open(path)
-    # SchemaOutOfDate names the full command: `ledger db upgrade --db <path>`
-    assert info.value.exit_code == EXIT_DATABASE and f"`ledger db upgrade --db {path}`" in str(info.value)
+        Store.open(url)
+    # SchemaOutOfDate names the full command: `ledger db upgrade --db <path or URL>`
+    assert info.value.exit_code == EXIT_DATABASE and f"`ledger db upgrade --db {shown}`" in str(info.value)
 
-    code, stdout, stderr = cli("log", "--db", str(path))
+    code, stdout, stderr = cli("log", "--db", url)
     assert code == EXIT_DATABASE and stdout == ""
-    assert len(stderr.splitlines()) == 1 and f"`ledger db upgrade --db {path}`" in stderr
+    assert len(stderr.splitlines()) == 1 and f"`ledger db upgrade --db {shown}`" in stderr
 
     # Following the advice works: the schema is created, or adopted when the tables already match head.
-    code, stdout, stderr = cli("db", "upgrade", "--db", str(path), "--json")
+    code, stdout, stderr = cli("db", "upgrade", "--db", url, "--json")
     assert code == 0, stderr
     assert json.loads(stdout)["to"] == SCHEMA_HEAD
-    assert migrate.schema_diff(url_of(path)) == []
-    code, stdout, _ = cli("log", "--db", str(path), "--json")
+    assert migrate.schema_diff(url) == []
+    code, stdout, _ = cli("log", "--db", url, "--json")
     assert code == 0 and json.loads(stdout) == []
 
 
-def test_unstamped_tables_that_differ_from_head_are_not_adopted(tmp_path: Path) -> None:
-    path = tmp_path / "odd.db"
-    _unstamped(path)
-    with sqlite3.connect(path) as conn:
-        conn.execute("DROP INDEX ix_receipt_parents_parent_seq")
-    code, stdout, stderr = cli("db", "upgrade", "--db", str(path))
+def test_unstamped_tables_that_differ_from_head_are_not_adopted(db_url: str) -> None:
+    _unstamped(db_url)
+    raw_rows(db_url, "DROP INDEX ix_receipt_parents_parent_seq")
+    code, stdout, stderr = cli("db", "upgrade", "--db", db_url)
     assert code == EXIT_DATABASE and len(stderr.splitlines()) == 1
     assert "differ from" in stderr and "ix_receipt_parents_parent_seq" in stderr
-    assert migrate.current(url_of(path)) is None
+    assert migrate.current(db_url) is None
 
 
-def test_an_unknown_revision_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "future.db"
-    migrate.upgrade(url_of(path))
-    stamp_sqlite(path, "ffff_future")
+def test_an_unknown_revision_is_refused(db_url: str) -> None:
+    url = db_url
+    migrate.upgrade(url)
+    stamp(url, "ffff_future")
     with pytest.raises(UnknownSchema) as info:
-        Store.open(path)
+        Store.open(url)
     assert info.value.exit_code == EXIT_DATABASE == 4
     assert "ffff_future" in str(info.value) and "`ledger db upgrade`" in str(info.value)
 
-    code, stdout, stderr = cli("log", "--db", str(path))
+    code, stdout, stderr = cli("log", "--db", url)
     assert code == 4 and stdout == ""
     assert len(stderr.splitlines()) == 1 and "`ledger db upgrade`" in stderr and "ffff_future" in stderr
     # Upgrading with software that does not know the revision is refused the same way, not a traceback.
-    code, _, stderr = cli("db", "upgrade", "--db", str(path))
+    code, _, stderr = cli("db", "upgrade", "--db", url)
     assert code == 4 and len(stderr.splitlines()) == 1 and "ffff_future" in stderr
-    code, stdout, _ = cli("db", "current", "--db", str(path), "--json")
+    code, stdout, _ = cli("db", "current", "--db", url, "--json")
     assert code == 0
-    assert json.loads(stdout) == {"db": str(path), "current": "ffff_future", "head": SCHEMA_HEAD, "up_to_date": False}
+    assert json.loads(stdout) == {"db": display_url(url), "current": "ffff_future", "head": SCHEMA_HEAD,
+                                  "up_to_date": False}
 
 
-def test_db_upgrade_creates_a_new_database_and_current_reports_it(tmp_path: Path) -> None:
-    path = tmp_path / "sub" / "new.db"
-    path.parent.mkdir()
-    code, stdout, _ = cli("db", "current", "--db", str(path), "--json")
+def test_db_upgrade_creates_a_new_database_and_current_reports_it(db_url: str) -> None:
+    url, shown = db_url, display_url(db_url)
+    path = sqlite_path(url)
+    if path is not None:  # SQLite: no file at all yet, only its directory
+        path.unlink()
+    code, stdout, _ = cli("db", "current", "--db", url, "--json")
     assert code == 0 and json.loads(stdout)["up_to_date"] is False and json.loads(stdout)["current"] is None
-    code, stdout, stderr = cli("db", "upgrade", "--db", str(path))
+    code, stdout, stderr = cli("db", "upgrade", "--db", url)
     assert code == 0, stderr
     assert f"empty -> {SCHEMA_HEAD}" in stdout
-    code, stdout, _ = cli("db", "current", "--db", str(path), "--json")
+    code, stdout, _ = cli("db", "current", "--db", url, "--json")
     assert code == 0
-    assert json.loads(stdout) == {"db": str(path), "current": SCHEMA_HEAD, "head": SCHEMA_HEAD, "up_to_date": True}
-    assert migrate.schema_diff(url_of(path)) == []
+    assert json.loads(stdout) == {"db": shown, "current": SCHEMA_HEAD, "head": SCHEMA_HEAD, "up_to_date": True}
+    assert migrate.schema_diff(url) == []
 
 
+# SQLite only: a file whose directory is missing (tests/ledger/test_cli.py has a PostgreSQL database that is missing).
 def test_db_upgrade_of_an_unopenable_database_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "missing-dir" / "x.db"
     code, _, stderr = cli("db", "upgrade", "--db", str(path))
@@ -685,139 +715,3 @@ def test_db_upgrade_works_from_an_installed_wheel(tmp_path: Path) -> None:
     assert cur.returncode == 0, cur.stderr
     assert json.loads(cur.stdout) == {"db": str(db), "current": SCHEMA_HEAD, "head": SCHEMA_HEAD, "up_to_date": True}
     assert migrate.schema_diff(url_of(db)) == []
-
-
-# --------------------------------------------------------------------------------------------- PostgreSQL
-
-
-def _find_initdb() -> str | None:
-    found = shutil.which("initdb")
-    if found:
-        return found
-    candidates = sorted(glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
-    return candidates[-1] if candidates else None
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    """A throw-away PostgreSQL server on a unix socket in a temp directory; skips when it cannot run here."""
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        pytest.skip("PostgreSQL test needs the psycopg driver: pip install '.[postgres]'")
-    initdb = _find_initdb()
-    if initdb is None:
-        pytest.skip("PostgreSQL test needs the server binaries (initdb, pg_ctl) on PATH or in /usr/lib/postgresql")
-    pg_ctl = str(Path(initdb).with_name("pg_ctl"))
-    as_user: list[str] = []
-    owner: int | None = None
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        try:
-            owner = pwd.getpwnam("postgres").pw_uid
-        except KeyError:
-            pytest.skip("running as root and there is no `postgres` user to run the server as")
-        if shutil.which("runuser") is None:
-            pytest.skip("running as root and `runuser` is missing")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    base = Path(tempfile.mkdtemp(prefix="ledger-pg-"))  # not tmp_path: the postgres user must reach it
-    if owner is not None:
-        os.chown(base, owner, -1)
-    data, log = base / "data", base / "server.log"
-    started = False
-    try:
-        subprocess.run([*as_user, initdb, "-D", str(data), "-U", "ledger", "--auth=trust", "-E", "UTF8",
-                        "--locale=C", "--no-sync"], check=True, capture_output=True, timeout=60)
-        options = f"-k {base} -c listen_addresses='' -c fsync=off -c full_page_writes=off"
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(log), "-w", "-t", "30", "-o", options,
-                        "start"], check=True, capture_output=True, timeout=60)
-        started = True
-        yield f"postgresql+psycopg://ledger@/postgres?host={base}"
-    finally:
-        if started:
-            subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
-                           timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def test_postgresql_schema_store_and_round_trip(postgres_url: str, make_chain: Callable[..., ReceiptChain]) -> None:
-    t0 = time.monotonic()
-    url = postgres_url
-    assert migrate.current(url) is None
-    migrate.upgrade(url)
-    assert migrate.current(url) == SCHEMA_HEAD
-    # On PostgreSQL compare_metadata also checks foreign keys; names are compared directly either way.
-    assert migrate.schema_diff(url) == []
-    assert reflected_names(url) == model_names()
-
-    chain = make_chain()
-    with Store.open(url) as store:
-        stored = store.append_many(chain.receipts())
-        assert store.append(chain.eval).seq == stored[-1].seq  # appending again is a no-op
-        assert store.count() == len(chain.receipts())
-        assert [s.receipt.id for s in store.find(kind="checkpoint")] == [c.id for c in chain.checkpoints]
-        assert {s.receipt.id for s in store.ancestors(chain.eval.id)} == \
-            {r.id for r in chain.receipts()} - {chain.contract.id}
-        assert {s.receipt.id for s in store.descendants(chain.train_start.id)} == \
-            {chain.train_start.id, *(c.id for c in chain.checkpoints), chain.train_end.id, chain.eval.id}
-        assert store.resolve(chain.eval.id.removeprefix("blake3:")[:12]) == chain.eval.id
-        assert verify_receipt(store, chain.eval.id).receipts_checked == len(chain.receipts()) - 1
-
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql("UPDATE alembic_version SET version_num = 'ffff_future'")
-        with pytest.raises(UnknownSchema):
-            Store.open(url)
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f"UPDATE alembic_version SET version_num = '{SCHEMA_HEAD}'")
-    finally:
-        engine.dispose()
-
-    migrate.downgrade(url, "base")
-    assert migrate.current(url) is None and table_names(url) & LEDGER_TABLES == set()
-    migrate.upgrade(url)
-    assert migrate.schema_diff(url) == []
-    assert time.monotonic() - t0 < 30
-
-
-def test_postgresql_upgrade_from_0001_and_back_keeps_every_receipt(
-    postgres_url: str, make_chain: Callable[..., ReceiptChain]
-) -> None:
-    """The real data migration on PostgreSQL: constraint names live in one namespace there, so the rows go
-    through a scratch table; everything that holds on SQLite must hold here too."""
-    url = postgres_url
-    if migrate.current(url) is not None:  # the server is shared by this module's tests
-        migrate.downgrade(url, "base")
-    receipts = lineage(make_chain(checkpoint_steps=(2, 4, 6, 8), end_step=9))
-    try:
-        populate_first(url, receipts)
-        before = receipt_rows(url)
-        assert index_rows(url) == from_bodies(receipts)
-        with pytest.raises(SchemaOutOfDate):
-            Store.open(url)
-
-        migrate.upgrade(url)
-        assert migrate.current(url) == SCHEMA_HEAD
-        assert migrate.schema_diff(url) == [] and reflected_names(url) == model_names()
-        assert table_names(url) & {"_index_rows_0002"} == set()
-        assert receipt_rows(url) == before and index_rows(url) == from_bodies(receipts)
-        with Store.open(url) as store:
-            assert_all_verify(store, [r.id for r in receipts])
-            tip = receipts[-1]
-            assert {s.receipt.id for s in store.ancestors(tip.id)} == ancestry(receipts, tip.id)
-            extra = store.append_many([make_receipt("note", prepared=tip.prepared, parents=[tip]),
-                                       make_receipt("note", prepared=tip.prepared, parents=[tip], step=1)])
-            assert [s.seq for s in extra] == [before[-1][0] + 1, before[-1][0] + 2]
-            verify_receipt(store, extra[1].receipt.id)
-        grown = receipt_rows(url)
-
-        migrate.downgrade(url, FIRST)
-        assert migrate.current(url) == FIRST
-        assert receipt_rows(url) == grown
-        assert index_rows(url) == from_bodies([*receipts, *(s.receipt for s in extra)])
-        migrate.upgrade(url)
-        assert receipt_rows(url) == grown and migrate.schema_diff(url) == []
-        with Store.open(url) as store:
-            assert_all_verify(store, [r[1] for r in grown])
-    finally:
-        migrate.downgrade(url, "base")

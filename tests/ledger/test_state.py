@@ -20,18 +20,23 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+import ledger.state as state_module
 from ledger import digests
 from ledger.errors import DigestMismatch, InputError, UnsafeFile
 from ledger.state import (
     MANIFEST,
     PARALLEL_MIN_BYTES,
     SafetensorsFile,
+    StateCache,
     checkpoint_digest,
     component_digest,
     count_scalars,
     hash_buffers,
+    hash_file_and_tensors,
+    prefetch_states,
     read_manifest,
     read_state,
+    read_states,
     recompute,
     scan_checkpoint,
     state_digest,
@@ -502,3 +507,82 @@ def test_docs_worked_example(tmp_path: Path) -> None:
     shutil.copy(root / "optimizer.json", sharded / "optimizer.json")
     write_manifest(sharded, {})
     assert read_state(sharded).digest == state.digest
+
+
+# ------------------------------------------------------------------- one pass, many checkpoints, one read each
+
+
+def _unfused(path: Path) -> tuple[str, dict[str, str]]:
+    """A file's digest and its tensors' data digests, each hashed on its own (the plain definition)."""
+    with SafetensorsFile(path) as sf:
+        return (digests.raw_digest(sf.file_view()),
+                {name: digests.raw_digest(sf.view(name)) for name in sf.tensors})
+
+
+def test_one_pass_gives_the_file_and_tensor_digests(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    big = rng.integers(0, 255, size=700_000, dtype=np.uint8).tobytes()  # spans several 256 KiB windows
+    f = raw_safetensors(tmp_path / "model.safetensors", {
+        "a": ("U8", [len(big)], big), "e": ("F32", [0], b""), "s": ("I64", [], b"\1" * 8),
+        "z": ("U8", [300_001], big[:300_001])}, order=["s", "a", "e", "z"])
+    with SafetensorsFile(f) as sf:
+        assert hash_file_and_tensors(sf) == _unfused(f)
+
+
+def test_many_checkpoints_hashed_at_once_equal_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    roots = [make_checkpoint(tmp_path / f"c{i}", model={"w": np.full((64, 64), i, np.float32)}) for i in range(11)]
+    alone = [read_state(r, files=True) for r in roots]
+    monkeypatch.setattr(state_module, "FUSE_MIN_BYTES", 1)  # every file in one pass (there are many)
+    seen: list[tuple[int, int]] = []
+    together = read_states(roots, files=True, progress=lambda n, total: seen.append((n, total)))
+    assert [s.to_json() for s in together] == [s.to_json() for s in alone]
+    assert [s.digest for s in read_states(roots)] == [s.digest for s in alone]
+    assert seen and len({t for _, t in seen}) == 1
+
+
+def test_errors_come_in_the_order_of_the_paths(tmp_path: Path) -> None:
+    good = make_checkpoint(tmp_path / "good")
+    twice = make_checkpoint(tmp_path / "twice", shards=2, manifest=False)  # fails when assembled
+    save_file({"embed.weight": np.zeros((8, 4), np.float32)}, str(twice / "model-00002-of-00002.safetensors"))
+    bad = make_checkpoint(tmp_path / "bad")  # fails when opened, after `twice` was hashed
+    write_file(bad / "rng.safetensors", b'{"x":', b"")
+    with pytest.raises(UnsafeFile) as first:
+        read_states([good, twice, bad], require_manifest=False)
+    assert str(bad / "rng.safetensors") in str(first.value)
+    with pytest.raises(UnsafeFile, match="also appears in"):
+        read_states([good, twice], require_manifest=False)
+
+
+def test_a_state_cache_reads_each_state_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = make_checkpoint(tmp_path / "c")
+    opened: list[Path] = []
+    real_open = state_module._open
+    monkeypatch.setattr(state_module, "_open", lambda p, m: opened.append(p) or real_open(p, m))
+    with StateCache().active():
+        with_files = verify_checkpoint(root)
+        again = read_state(root)  # served from the cache, without file digests as asked
+        assert again.files is None and again.digest == with_files.digest
+        assert checkpoint_digest(root) == with_files.digest
+        assert read_state(root, files=True) is with_files
+    assert opened == [root]
+    read_state(root)  # outside the cache: read again
+    assert opened == [root, root]
+
+
+def test_prefetch_skips_what_fails_and_the_reader_meets_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = make_checkpoint(tmp_path / "good")
+    bad = make_checkpoint(tmp_path / "bad")
+    flip_bit(bad / "model.safetensors", 8)  # the header no longer parses
+    prefetch_states([good, bad], files=True)  # no active cache: nothing happens
+    opened: list[Path] = []
+    real_open = state_module._open
+    monkeypatch.setattr(state_module, "_open", lambda p, m: opened.append(p) or real_open(p, m))
+    with StateCache().active():
+        prefetch_states([bad, good], files=True)
+        assert verify_checkpoint(good).digest == read_state(good).digest
+        with pytest.raises(UnsafeFile) as info:
+            verify_checkpoint(bad)
+    assert opened.count(good) == 1 and opened.count(bad) == 2
+    with pytest.raises(UnsafeFile) as without:
+        verify_checkpoint(bad)
+    assert str(info.value) == str(without.value)

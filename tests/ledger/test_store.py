@@ -1,8 +1,12 @@
-"""The SQLite store (ledger/store.py) on real database files: appends, lookups, closures, pragmas."""
+"""The store (ledger/store.py) on real databases: appends, lookups, closures, the write lock, pragmas.
+
+Tests taking ``ledger_url`` (or ``db_url``) run twice, on an SQLite file and on PostgreSQL (tests/pg.py). Those on
+``ledger_db`` are about SQLite itself (its file, its PRAGMAs) or refuse their input before any query is made."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,19 +29,24 @@ from ledger.errors import (
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store, Stored
 from tests.conftest import ReceiptChain
+from tests.pg import raw_count, raw_rows
+from verify.receipts import verify_receipt
 
 MakeChain = Callable[..., ReceiptChain]
 
 
 @pytest.fixture
-def store(ledger_db: Path) -> Iterator[Store]:
-    with Store.open(ledger_db) as s:
+def store(ledger_url: str) -> Iterator[Store]:
+    """An empty ledger, on SQLite and on PostgreSQL."""
+    with Store.open(ledger_url) as s:
         yield s
 
 
-def raw_count(db: Path, table: str = "receipts") -> int:
-    with sqlite3.connect(db) as conn:
-        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+@pytest.fixture
+def sqlite_store(ledger_db: Path) -> Iterator[Store]:
+    """An empty SQLite ledger, for the tests whose input is refused before any query (no backend to compare)."""
+    with Store.open(ledger_db) as s:
+        yield s
 
 
 def note(i: int, parents: list[Receipt] | None = None, **fields: Any) -> Receipt:
@@ -68,8 +77,9 @@ def test_open_missing_path_without_create(tmp_path: Path) -> None:
     assert not path.exists()
 
 
-def test_open_sets_wal_full_sync_and_foreign_keys(store: Store) -> None:
-    with store.engine.connect() as conn:
+# SQLite only: its journal, durability and foreign keys are per-connection PRAGMAs (PostgreSQL's are server-wide).
+def test_open_sets_wal_full_sync_and_foreign_keys(sqlite_store: Store) -> None:
+    with sqlite_store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
@@ -81,52 +91,83 @@ def test_wal_mode_persists_in_the_file(ledger_db: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_open_checks_the_schema_revision(tmp_path: Path, ledger_db: Path) -> None:
-    empty = tmp_path / "empty.db"
-    sqlite3.connect(empty).close()
+def test_open_checks_the_schema_revision(db_url: str, ledger_url: str) -> None:
     with pytest.raises(SchemaOutOfDate, match="ledger db upgrade") as info:
-        Store.open(empty)
+        Store.open(db_url)  # an empty database: no schema yet
     assert info.value.exit_code == 4
-    with sqlite3.connect(ledger_db) as conn:
-        conn.execute("UPDATE alembic_version SET version_num = 'zzzz'")
+    raw_rows(ledger_url, "UPDATE alembic_version SET version_num = 'zzzz'")
     with pytest.raises(UnknownSchema, match="zzzz") as unknown:
-        Store.open(ledger_db)
+        Store.open(ledger_url)
     assert unknown.value.exit_code == 4
 
 
-def test_create_on_an_existing_ledger_keeps_it(ledger_db: Path) -> None:
-    with Store.open(ledger_db) as s:
+def test_create_on_an_existing_ledger_keeps_it(ledger_url: str) -> None:
+    with Store.open(ledger_url) as s:
         s.append(note(1))
-    with Store.open(ledger_db, create=True) as s:
+    with Store.open(ledger_url, create=True) as s:
         assert s.count() == 1
 
 
 # ----------------------------------------------------------------------------------------------- append
 
 
-def test_append_returns_stored(store: Store, ledger_db: Path) -> None:
+def test_append_returns_stored(store: Store) -> None:
     r = note(1)
     stored = store.append(r)
     assert isinstance(stored, Stored)
     assert stored.receipt == r and stored.seq >= 1 and stored.recorded_ns > 0
-    with sqlite3.connect(ledger_db) as conn:
-        body, kind = conn.execute("SELECT body, kind FROM receipts WHERE id = ?", (r.id,)).fetchone()
-    assert body == r.body and kind == "note"
+    ((body, kind),) = raw_rows(store.url, "SELECT body, kind FROM receipts WHERE id = :id", {"id": r.id})
+    assert bytes(body) == r.body and kind == "note"
 
 
-def test_append_twice_is_one_row(store: Store, ledger_db: Path) -> None:
+def test_append_twice_is_one_row(store: Store) -> None:
     r = note(1)
     first = store.append(r)
     store.append(note(2))
     again = store.append(Receipt.from_bytes(r.body))
     assert again.seq == first.seq and again.recorded_ns == first.recorded_ns
-    assert raw_count(ledger_db) == 2
+    assert raw_count(store.url) == 2
     both = store.append_many([r, r])
     assert [s.seq for s in both] == [first.seq, first.seq]
-    assert raw_count(ledger_db) == 2
+    assert raw_count(store.url) == 2
 
 
-def test_append_with_missing_parent_writes_nothing(store: Store, ledger_db: Path) -> None:
+def test_seq_gaps_break_nothing(store: Store, backend: str) -> None:
+    """receipts.md 5.1: seq increases with append order but may have gaps. On PostgreSQL a sequence skips the
+    values of a rolled-back insert (here the optimistic insert of a stored receipt); SQLite counts max(seq) + 1."""
+    a = store.append(note(1))
+    assert store.append(note(1)).seq == a.seq  # stored already: the optimistic insert failed and rolled back
+    b = store.append(note(2, [a.receipt]))
+    assert (b.seq > a.seq + 1) if backend == "postgresql" else (b.seq == a.seq + 1)
+    assert [row.id for row in store.iter_rows(batch=1)] == [a.receipt.id, b.receipt.id]
+    assert [s.receipt.id for s in store.ancestors(b.receipt.id)] == [a.receipt.id, b.receipt.id]
+    # The log's leaf indexes stay contiguous from 0 whatever the seqs are.
+    assert raw_rows(store.url, "SELECT leaf_index, receipt_seq FROM log_leaves ORDER BY leaf_index") == \
+        [(0, a.seq), (1, b.seq)]
+    verify_receipt(store, b.receipt.id)
+
+
+def test_a_writer_waits_for_the_write_lock_and_readers_do_not(ledger_url: str) -> None:
+    """A write transaction takes the write lock first (SQLite BEGIN IMMEDIATE, PostgreSQL an advisory lock), so a
+    second writer waits for it instead of interleaving; reads go on meanwhile."""
+    with Store.open(ledger_url) as holder, Store.open(ledger_url) as writer, Store.open(ledger_url) as reader:
+        holder.append(note(0))
+        appended = threading.Event()
+
+        def append() -> None:  # a Store is used from one thread: this one is the writer's
+            writer.append(note(1))
+            appended.set()
+
+        with holder.engine.execution_options(ledger_write=True).begin():  # holds the lock until the block ends
+            waiting = threading.Thread(target=append)
+            waiting.start()
+            assert not appended.wait(0.3), "a second writer went ahead while the write lock was held"
+            assert reader.count() == 1
+        waiting.join(timeout=30)
+        assert appended.is_set() and reader.count() == 2
+
+
+def test_append_with_missing_parent_writes_nothing(store: Store) -> None:
     parent = note(1)
     child = note(2, parents=[parent], artifacts={"x": digests.raw_digest(b"x")})
     with pytest.raises(MissingParents) as info:
@@ -134,32 +175,32 @@ def test_append_with_missing_parent_writes_nothing(store: Store, ledger_db: Path
     assert info.value.missing == [parent.id] and info.value.receipt == child.id
     assert info.value.exit_code == 3
     for table in ("receipts", "receipt_parents", "receipt_artifacts"):
-        assert raw_count(ledger_db, table) == 0
+        assert raw_count(store.url, table) == 0
 
 
-def test_append_many_is_atomic(store: Store, ledger_db: Path, make_chain: MakeChain) -> None:
+def test_append_many_is_atomic(store: Store, make_chain: MakeChain) -> None:
     c = make_chain()
     orphan = note(9, parents=[note(8)])
     with pytest.raises(MissingParents):
         store.append_many([*c.receipts(), orphan])
-    assert raw_count(ledger_db) == 0 and raw_count(ledger_db, "receipt_parents") == 0
+    assert raw_count(store.url) == 0 and raw_count(store.url, "receipt_parents") == 0
     # A chain-rule failure late in the batch also writes nothing.
     bad_end = make_receipt("train-end", run="run-a", rank=0, step=1, prepared=c.prepared,
                            parents=[c.checkpoints[-1]])
     with pytest.raises(ChainBroken):
         store.append_many([*c.receipts(), bad_end])
-    assert raw_count(ledger_db) == 0 and raw_count(ledger_db, "receipt_artifacts") == 0
+    assert raw_count(store.url) == 0 and raw_count(store.url, "receipt_artifacts") == 0
 
 
-def test_parents_inside_the_same_batch(store: Store, ledger_db: Path, make_chain: MakeChain) -> None:
+def test_parents_inside_the_same_batch(store: Store, make_chain: MakeChain) -> None:
     c = make_chain()
     stored = store.append_many(c.receipts())
     assert [s.receipt.id for s in stored] == [r.id for r in c.receipts()]
     seqs = [s.seq for s in stored]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-    assert raw_count(ledger_db) == len(c.receipts())
-    assert raw_count(ledger_db, "receipt_parents") == sum(len(r.parents) for r in c.receipts())
-    assert raw_count(ledger_db, "receipt_artifacts") == sum(len(r.artifacts) for r in c.receipts())
+    assert raw_count(store.url) == len(c.receipts())
+    assert raw_count(store.url, "receipt_parents") == sum(len(r.parents) for r in c.receipts())
+    assert raw_count(store.url, "receipt_artifacts") == sum(len(r.artifacts) for r in c.receipts())
 
 
 def test_child_before_its_parent_in_a_batch_is_refused(store: Store) -> None:
@@ -170,7 +211,7 @@ def test_child_before_its_parent_in_a_batch_is_refused(store: Store) -> None:
     assert store.count() == 0
 
 
-def test_a_batch_may_hold_stored_receipts_in_any_order(store: Store, ledger_db: Path, make_chain: MakeChain) -> None:
+def test_a_batch_may_hold_stored_receipts_in_any_order(store: Store, make_chain: MakeChain) -> None:
     """append_many first assumes no given receipt is stored; a stored one (cited before it comes, failing a chain
     rule it was stored without, or just repeated) must still be a no-op and get its own seq back."""
     a, c = note(1), make_chain()
@@ -185,8 +226,8 @@ def test_a_batch_may_hold_stored_receipts_in_any_order(store: Store, ledger_db: 
     out = store.append_many([bad, child, b])  # with checks: the stored bad is not checked again
     assert [s.seq for s in out] == [kept.seq, kept.seq + 1, first.seq + 1]
     everything = [a, b, *c.receipts()[:4], bad, child]
-    assert raw_count(ledger_db) == len(everything)
-    assert raw_count(ledger_db, "receipt_parents") == sum(len(r.parents) for r in everything)
+    assert raw_count(store.url) == len(everything)
+    assert raw_count(store.url, "receipt_parents") == sum(len(r.parents) for r in everything)
 
 
 def test_append_checks_chain_rules_unless_told_not_to(store: Store, make_chain: MakeChain) -> None:
@@ -215,28 +256,29 @@ def test_resolve_full_id_and_prefixes(store: Store) -> None:
     assert store.get(hexpart[:10]).receipt == r
 
 
+# This test and the next two on SQLite only: the reference is refused before any query reaches the database.
 @pytest.mark.parametrize("ref", ["abc", "a", ""])
-def test_prefix_too_short(store: Store, ref: str) -> None:
-    store.append(note(1))
+def test_prefix_too_short(sqlite_store: Store, ref: str) -> None:
+    sqlite_store.append(note(1))
     with pytest.raises(InputError) as info:
-        store.resolve(ref)
+        sqlite_store.resolve(ref)
     assert info.value.exit_code == 2
 
 
 @pytest.mark.parametrize("ref", ["xyz12", "blake3", "12 34", "abcd\nef01", "0" * 65])
-def test_non_hex_reference(store: Store, ref: str) -> None:
+def test_non_hex_reference(sqlite_store: Store, ref: str) -> None:
     with pytest.raises(InputError) as info:
-        store.resolve(ref)
+        sqlite_store.resolve(ref)
     assert type(info.value) is InputError
     assert info.value.exit_code == 2
 
 
-def test_truncated_full_id(store: Store) -> None:
+def test_truncated_full_id(sqlite_store: Store) -> None:
     r = note(1)
-    store.append(r)
+    sqlite_store.append(r)
     for ref in (r.id[:-1], r.id[:20], "blake3:", r.id + "0", r.id.upper().replace("BLAKE3", "blake3")):
         with pytest.raises(MalformedDigest) as info:
-            store.resolve(ref)
+            sqlite_store.resolve(ref)
         assert info.value.exit_code == 2
 
 
@@ -343,14 +385,12 @@ def test_ancestors_use_a_bounded_number_of_statements(store: Store) -> None:
     assert 1 <= up < 10 and 1 <= down < 10, (up, down)
 
 
-def test_rows_are_never_rewritten(store: Store, ledger_db: Path) -> None:
+def test_rows_are_never_rewritten(store: Store) -> None:
     r = note(1)
     first = store.append(r)
     for _ in range(3):
         store.append(r)
-    with sqlite3.connect(ledger_db) as conn:
-        rows = conn.execute("SELECT seq, recorded_ns FROM receipts").fetchall()
-    assert rows == [(first.seq, first.recorded_ns)]
+    assert raw_rows(store.url, "SELECT seq, recorded_ns FROM receipts") == [(first.seq, first.recorded_ns)]
 
 
 def test_locations_are_idempotent(store: Store) -> None:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from ledger import digests
 from ledger.artifacts import ArtifactStore, parse_jsonl, read_jsonl
 from ledger.errors import DigestMismatch, InputError
-from ledger.experiment import tasks
+from ledger.experiment import corpus, tasks
 from ledger.experiment.config import ExperimentConfig, config_from_bytes, config_from_dict, load_config
 from ledger.experiment.tokenizer import CharTokenizer
 from ledger.store import Store
@@ -43,6 +43,7 @@ max_len = 48
 steps = 6
 batch_size = 4
 seq_len = 32
+task_documents = 24
 [contract.quality]
 minimum_accuracy_gain_vs_seed = 0.2
 """
@@ -132,10 +133,18 @@ def test_prepare_end_to_end(tiny_toml: Path, tmp_path: Path) -> None:
         report = verify_receipt(store, result.receipts["selection"], artifacts=arts)
         assert {a.name for a in report.artifacts} == set(prep.artifacts) | set(sel.artifacts)
 
-        # the artifacts say what the receipts claim
-        assert arts.get_bytes(prep.artifacts["pretrain_corpus"]) == corpus_text().encode()
-        assert config_from_bytes(arts.get_bytes(prep.artifacts["config"]) or b"") == config
+        # the artifacts say what the receipts claim: the corpus is every pydoc topic, then the first training
+        # documents (never a held-out one), each framed by BOS and EOS in the stream
         loaded = load_prepared(store, arts, result.prepared)
+        records = read_jsonl(arts, prep.artifacts["pretrain_corpus"])
+        assert records == corpus.corpus_records(loaded.train, 24)
+        assert "\n\n".join(r["text"] for r in records if r["source"] == "pydoc_data.topics") == corpus_text()
+        assert [r["document"] for r in records if r["source"] == "train_data"] == [d.digest for d in loaded.train[:24]]
+        assert prep.measurements["corpus"]["documents"] == {"pydoc_data.topics": len(records) - 24, "train_data": 24}
+        stream = loaded.stream()
+        assert stream.ids.count(loaded.tokenizer.eos_id) == len(records) == stream.ids.count(loaded.tokenizer.bos_id)
+        assert prep.measurements["corpus"]["tokens"] == len(stream.ids)
+        assert config_from_bytes(arts.get_bytes(prep.artifacts["config"]) or b"") == config
         assert loaded.config == config and loaded.seed_checkpoint == result.seed_checkpoint
         docs, probes = load_selection(store, arts, result.selection)
         assert len(loaded.train) == 256 and len(docs) == 64 and len(probes) == 8
@@ -144,10 +153,11 @@ def test_prepare_end_to_end(tiny_toml: Path, tmp_path: Path) -> None:
         for d in docs:
             assert loaded.tokenizer.decode(loaded.tokenizer.encode(d.text)) == d.text
 
-        # probes are windows of the corpus the seed was trained on, one window + its target each
-        text = corpus_text()
+        # probes are pydoc windows of the stream the seed was trained on, one window + its target each
         for p in probes:
-            assert p["text"] == text[p["offset"] : p["offset"] + config.pretrain.seq_len + 1]
+            window = stream.window(p["offset"], config.pretrain.seq_len)
+            assert stream.inside_pydoc(p["offset"], config.pretrain.seq_len) and len(window) == 33
+            assert loaded.tokenizer.encode(p["text"]) == window and p["text"] in corpus_text()
             assert 0 <= p["step"] < config.pretrain.steps
             assert p["document"] == digests.digest_json(
                 "document", {"format": "pydoc-window", "source": "pydoc_data.topics", "offset": p["offset"],
@@ -245,3 +255,4 @@ def test_tokenizer_covers_the_corpus_and_every_document(tiny_toml: Path, tmp_pat
     ids = tok.encode(corpus_text())  # strict: raises if any character were missing
     assert tok.decode(ids) == corpus_text()
     assert torch.tensor(ids).max().item() < tok.vocab_size
+

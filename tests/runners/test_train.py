@@ -32,7 +32,16 @@ from runners.arms import strategy_for
 from runners.distributed import Comm, free_port
 from runners.model import build_model
 from runners.prepare import artifact_root, load_model_weights, load_prepared, pinned_threads, prepare
-from runners.train import documents_loss, encode_batch, lr_at, shard, step_indices, summarize_arm, train_arm
+from runners.train import (
+    documents_loss,
+    encode_batch,
+    lr_at,
+    shard,
+    step_indices,
+    summarize_arm,
+    train_arm,
+    window_batch,
+)
 from verify.receipts import verify_receipt
 
 H = 2  # DiLoCo inner steps
@@ -41,9 +50,9 @@ CHECKPOINT_EVERY = 3  # checkpoints at steps 3 (between outer steps) and 6 (an o
 TINY: dict[str, Any] = {
     "data": {"train_per_variant": 32, "eval_per_variant": 2, "retention_probes": 8},
     "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 96},
-    "pretrain": {"steps": 5, "batch_size": 4, "seq_len": 32},
+    "pretrain": {"steps": 5, "batch_size": 4, "seq_len": 32, "task_documents": 16},
     "train": {"steps": STEPS, "global_batch": 8, "checkpoint_every": CHECKPOINT_EVERY, "warmup_steps": 2,
-              "diloco": {"inner_steps": H}},
+              "pretrain_mix": 0.5, "pretrain_window": 16, "diloco": {"inner_steps": H}},
 }
 RUNS = ("a", "b")
 REPO = Path(__file__).resolve().parents[2]
@@ -312,6 +321,21 @@ def test_per_rank_figures_are_present_and_consistent(experiment: Experiment, arm
     assert end0["steps"] == STEPS and end0["start_step"] == 0 and end0["tokens"] > 0
 
 
+def test_pretraining_windows_are_a_function_of_the_step_split_by_rank(experiment: Experiment) -> None:
+    with experiment.store() as store:
+        prep = load_prepared(store, ArtifactStore(artifact_root(experiment.workdir)), experiment.prepared)
+    cfg = prep.config
+    stream = torch.tensor(prep.stream().ids)
+    for step in (1, 2, STEPS):
+        whole = window_batch(stream, cfg, step, 0, 1)
+        assert whole is not None and whole.shape == (4, 17)  # 0.5 x a global batch of 8, 16 + 1 tokens each
+        ranks = [window_batch(stream, cfg, step, r, 4) for r in range(4)]
+        assert torch.equal(torch.cat([w for w in ranks if w is not None]), whole)  # DDP's shards are single's
+        assert torch.equal(window_batch(stream, cfg, step, 0, 1), whole)  # nothing consumed: a resume reads them too
+    assert not torch.equal(window_batch(stream, cfg, 1, 0, 1), window_batch(stream, cfg, 2, 0, 1))
+    assert window_batch(None, cfg, 1, 0, 1) is None
+
+
 def test_learning_rate_schedule_warms_up_then_decays(experiment: Experiment) -> None:
     cfg = experiment.config
     t = cfg.train
@@ -360,20 +384,22 @@ def test_run_train_cli_json(experiment: Experiment) -> None:
 LEARN: dict[str, Any] = {
     "data": {"train_per_variant": 64, "eval_per_variant": 4, "retention_probes": 8},
     "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256, "max_len": 96},
-    "pretrain": {"steps": 60, "batch_size": 8, "seq_len": 64},
+    "pretrain": {"steps": 60, "batch_size": 8, "seq_len": 64, "task_documents": 64},
     "train": {"steps": 120, "global_batch": 16, "checkpoint_every": 40, "lr": 0.003, "warmup_steps": 10,
-              "diloco": {"inner_steps": 8}},
+              "pretrain_mix": 0.25, "pretrain_window": 32, "diloco": {"inner_steps": 8}},
 }
 
 
 def _seed_losses(exp: Experiment, arm: str, ckpt_losses: dict[int, list[list[Any]]]) -> list[float]:
-    """The seed model's loss on exactly the documents each (rank, step) of ``ckpt_losses`` trained on."""
+    """The seed model's loss on exactly the documents and pretraining windows each (rank, step) of ``ckpt_losses``
+    trained on."""
     with exp.store() as store:
         prep = load_prepared(store, ArtifactStore(artifact_root(exp.workdir)), exp.prepared)
     cfg = prep.config
     model = build_model(cfg.model, prep.tokenizer.vocab_size, cfg.seed)
     load_model_weights(prep.seed_checkpoint, model)
     model.eval()
+    stream = torch.tensor(prep.stream().ids)
     out = []
     with torch.no_grad(), pinned_threads(1):
         for rank, losses in ckpt_losses.items():
@@ -382,7 +408,9 @@ def _seed_losses(exp: Experiment, arm: str, ckpt_losses: dict[int, list[list[Any
                 mine = idx if ARMS[arm].world == 1 else shard(idx, rank, ARMS[arm].world)
                 batch = encode_batch(prep.tokenizer, [prep.train[i] for i in mine], cfg.train.loss_on,
                                      cfg.model.max_len)
-                out.append(float(documents_loss(model, batch, len(mine))))
+                windows = window_batch(stream, cfg, step, rank, ARMS[arm].world)
+                assert windows is not None and windows.shape == (cfg.train.pretrain_windows // ARMS[arm].world, 33)
+                out.append(float(documents_loss(model, batch, len(mine), windows, cfg.train.pretrain_weight)))
     return out
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner, Result
 
@@ -23,7 +24,7 @@ from ledger.digests import prepared_digest
 from ledger.errors import ChainBroken, DigestMismatch, MissingArtifact, RecordMismatch, VerificationError
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store, missing_parent
-from tests.conftest import ReceiptChain
+from tests.conftest import ReceiptChain, schema_fill
 from verify.receipts import verify_receipt
 
 MakeChain = Callable[..., ReceiptChain]
@@ -395,3 +396,92 @@ def test_artifacts_option_and_env_choose_the_root(artifact_db: tuple[Path, Recei
     assert verify_json(db, c.eval.id, "--artifacts", str(other_root))["artifacts_verified"] == 1
     monkeypatch.setenv("LEDGER_ARTIFACTS", str(other_root))
     assert verify_json(db, c.eval.id)["artifacts_verified"] == 1
+
+
+# ------------------------------------------------------------------------- one verifier for many receipts
+
+
+def checkpoint_ledger(db: Path, tmp: Path) -> tuple[list[str], dict[str, Path]]:
+    """A prepare (two artifact files), a run of three checkpoints with real directories (the second also copied
+    elsewhere and recorded there), its train-end, and two tips citing the run at different points."""
+    from ledger.state import checkpoint_digest
+    from tests.helpers_state import make_checkpoint
+
+    dirs = {f"step{s}": make_checkpoint(tmp / "run" / f"step{s}", model={"w": np.full((32, 8), s, np.float32)})
+            for s in (2, 4, 6)}
+    dirs["copy"] = tmp / "elsewhere" / "step4"
+    shutil.copytree(dirs["step4"], dirs["copy"])
+    with Store.open(db) as store:
+        arts = ArtifactStore(default_root(store.url))
+        artifacts = {"config": arts.put_bytes(b"config\n" * 50), "data": arts.put_bytes(b"data\n" * 5000)}
+        prepare = make_receipt("prepare", run="v", prepared=prepared_digest(artifacts), artifacts=artifacts)
+        start = make_receipt("train-start", run="v", rank=0, step=0, prepared=prepare.prepared, parents=[prepare],
+                             measurements=schema_fill("train-start"))
+        chain_: list[Receipt] = [start]
+        for s in (2, 4, 6):
+            chain_.append(make_receipt("checkpoint", run="v", rank=0, step=s, prepared=prepare.prepared,
+                                       parents=[chain_[-1]], artifacts={"state": checkpoint_digest(dirs[f"step{s}"])},
+                                       measurements=schema_fill("checkpoint", losses=[[s, 1.0 / s]])))
+        end = make_receipt("train-end", run="v", rank=0, step=6, prepared=prepare.prepared, parents=[chain_[-1]],
+                           artifacts={"state": chain_[-1].artifacts["state"]}, measurements=schema_fill("train-end"))
+        early = make_receipt("note", run="v", prepared=prepare.prepared, parents=[chain_[2]])
+        late = make_receipt("note", run="v", prepared=prepare.prepared, parents=[end])
+        store.append_many([prepare, *chain_, end, early, late])
+        for r, d in zip(chain_[1:], ("step2", "step4", "step6"), strict=True):
+            store.add_receipt_locations(r.id, {"state": str(dirs[d])})
+        store.add_receipt_locations(end.id, {"state": str(dirs["step6"])})
+        store.add_location(chain_[2].artifacts["state"], str(dirs["copy"]))
+    return [early.id, late.id], dirs
+
+
+def test_one_verifier_reports_what_each_verify_receipt_does(ledger_db: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import ledger.state as state_module
+    from verify.receipts import Verifier
+
+    tips, dirs = checkpoint_ledger(ledger_db, tmp_path)
+    with Store.open(ledger_db) as store:
+        arts = ArtifactStore(default_root(store.url))
+        alone = [verify_receipt(store, t, artifacts=arts, require_artifacts=True).to_json() for t in tips]
+        opened: list[Path] = []
+        hashed: list[Path] = []
+        real_open, real_file = state_module._open, digests.file_digest
+        monkeypatch.setattr(state_module, "_open", lambda p, m: opened.append(p) or real_open(p, m))
+        monkeypatch.setattr(digests, "file_digest", lambda p, **kw: hashed.append(Path(p)) or real_file(p, **kw))
+        verifier = Verifier(store, arts, require_artifacts=True)
+        together = [verifier.verify(t).to_json() for t in reversed(tips)][::-1]
+    assert together == alone
+    assert sorted(opened) == sorted(dirs.values())  # each checkpoint directory read once, the copy included
+    assert len(hashed) == len(set(hashed)) == 2  # each artifact file re-hashed once
+
+
+@pytest.mark.parametrize("damaged", ["step2", "copy", "data"])
+def test_one_verifier_fails_as_verify_receipt_does(ledger_db: Path, tmp_path: Path, damaged: str) -> None:
+    from verify.receipts import Verifier
+
+    tips, dirs = checkpoint_ledger(ledger_db, tmp_path)
+    with Store.open(ledger_db) as store:
+        arts = ArtifactStore(default_root(store.url))
+        if damaged == "data":
+            data = next(p for p in (arts.root / "blake3").rglob("*") if p.is_file() and p.stat().st_size > 10_000)
+            flip = bytearray(data.read_bytes())
+            flip[77] ^= 1
+            data.write_bytes(bytes(flip))
+        else:
+            flip_bit_in(dirs[damaged] / "model.safetensors")
+        errors = []
+        for t in tips:
+            with pytest.raises(VerificationError) as alone:
+                verify_receipt(store, t, artifacts=arts, require_artifacts=True)
+            errors.append(alone.value)
+        verifier = Verifier(store, arts, require_artifacts=True)
+        for t, expected in zip(tips, errors, strict=True):
+            with pytest.raises(VerificationError) as shared:
+                verifier.verify(t)
+            assert type(shared.value) is type(expected) and shared.value.one_line() == expected.one_line()
+
+
+def flip_bit_in(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))

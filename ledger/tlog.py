@@ -1,0 +1,311 @@
+"""The transparency log's bytes and rows: the leaf encoding, the node table read through a connection, and the
+incremental append the store runs inside its append transaction (docs/transparency.md specifies all of it).
+
+The log is an RFC 9162 Merkle tree (SHA-256, :mod:`ledger.merkle`) over the receipts in append order. Leaf i is
+
+    b"training-ledger/log-leaf/v1" || 0x00 || the receipt id's 32 raw bytes || u8 k
+        || k times, sorted by key label: u16 len(label) || label (UTF-8) || u16 len(sig) || sig
+
+(big-endian lengths; ``label`` is the signing key's ``name+<8 hex key id>``; ``sig`` the Ed25519 signature over the
+receipt-signature message of ledger/signing.py). So a leaf commits to the receipt and to who signed it when it was
+appended: a signature added, removed or changed later no longer matches the log. The NUL after the domain keeps leaf
+bytes disjoint from every other message a ledger key signs or hashes (signed-note texts have no control characters,
+the receipt-signature domain differs, DSSE's PAE starts with "DSSEv1 ").
+
+Rows (ledger/models.py): ``log_leaves`` (leaf index -> receipt seq; indexes contiguous from 0, seqs increasing but
+not contiguous), ``log_nodes`` (pos, level, idx, hash) holding every complete node (level 0: the leaf hashes) keyed
+by post-order position, and ``receipt_signatures``. Nothing here keeps state between transactions: the frontier a
+new leaf needs is re-read from ``log_nodes`` (popcount(size) rows, one query), so any number of writers share one log
+under the write lock.
+
+This module is the store's; it imports no store, so :mod:`ledger.transparency` (the log seen through a Store) and the
+verifier can stand on both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final, NamedTuple
+
+from sqlalchemy import Connection, insert, select
+
+from ledger import digests, merkle
+from ledger.errors import VerificationError
+from ledger.models import LogInfoRow, LogLeafRow, LogNodeRow, SignatureRow
+from ledger.note import ALG_ED25519, Signer
+from ledger.signing import RECEIPT_SIGNATURE_DOMAIN
+from ledger.transparency_errors import MalformedKey
+
+LEAF_DOMAIN: Final = b"training-ledger/log-leaf/v1\x00"
+ORIGIN_PREFIX: Final = "training-ledger/"
+MAX_SIGNATURES: Final = 255  # the leaf's one-byte count
+_CHUNK = 400  # (level, idx) pairs per query: two bound parameters each, under SQLite's default limit of 999
+_ID = re.compile(r"blake3:[0-9a-f]{64}")
+_sha256 = hashlib.sha256
+
+
+class LeafSignature(NamedTuple):
+    """One signature a leaf commits to: the key label and the signature bytes (as stored)."""
+
+    key: str
+    signature: bytes
+
+
+class LogEntry(NamedTuple):
+    """What one leaf is made of: the receipt's seq and id and the signatures stored with it."""
+
+    seq: int
+    receipt: str
+    signatures: tuple[LeafSignature, ...] = ()
+
+
+class LogCorrupt(VerificationError):
+    """The log's own rows are inconsistent (a node or a leaf row missing, indexes not contiguous): tampered with."""
+
+    def __init__(self, detail: str, *, expected: Any = None, actual: Any = None, receipt: str | None = None) -> None:
+        super().__init__(f"transparency log corrupt: {detail}", receipt=receipt, field="log", expected=expected,
+                         actual=actual)
+        self.detail = detail
+
+
+# ------------------------------------------------------------------------------------------------- leaf bytes
+
+
+def _raw_id(receipt_id: str) -> bytes:
+    """The 32 digest bytes of a receipt id, which must be exactly ``blake3:`` and 64 lowercase hex digits."""
+    if not (isinstance(receipt_id, str) and _ID.fullmatch(receipt_id)):
+        digests.check_digest(receipt_id, "receipt id")  # raises MalformedDigest, naming what is wrong
+    return bytes.fromhex(receipt_id[7:])
+
+
+def leaf_bytes(receipt_id: str, signatures: Iterable[LeafSignature | tuple[str, bytes]] = ()) -> bytes:
+    """The exact bytes of a receipt's leaf (see the module docstring)."""
+    sigs = sorted(signatures, key=lambda s: s[0].encode())
+    if len(sigs) > MAX_SIGNATURES:
+        raise ValueError(f"a leaf commits to at most {MAX_SIGNATURES} signatures, got {len(sigs)}")
+    out = [LEAF_DOMAIN, _raw_id(receipt_id), bytes([len(sigs)])]
+    for key, sig in sigs:
+        label = key.encode("utf-8")
+        out += [len(label).to_bytes(2, "big"), label, len(sig).to_bytes(2, "big"), bytes(sig)]
+    return b"".join(out)
+
+
+def leaf_hash(receipt_id: str, signatures: Iterable[LeafSignature | tuple[str, bytes]] = ()) -> bytes:
+    """SHA-256(0x00 || leaf bytes): the leaf's hash in the tree."""
+    return merkle.leaf_hash(leaf_bytes(receipt_id, signatures))
+
+
+def entry_hash(entry: LogEntry) -> bytes:
+    return leaf_hash(entry.receipt, entry.signatures)
+
+
+# ------------------------------------------------------------------------------------------------- node reader
+
+
+def node_pos(level: int, idx: int) -> int:
+    """The post-order position of node (level, idx): ``2 L - popcount(L) + level`` with ``L = (idx + 1) 2^level - 1``
+    its last leaf (the numbering of a Merkle mountain range). Leaf L and the nodes it completes are numbered
+    consecutively, after every node completed before, so ``log_nodes`` only ever grows at its end."""
+    last = ((idx + 1) << level) - 1
+    return 2 * last - last.bit_count() + level
+
+
+class DbNodes:
+    """The ``log_nodes`` table as a :class:`~ledger.merkle.BatchNodeReader`, read through one connection (so a
+    proof and the size it is for come from one snapshot). A missing node is :class:`LogCorrupt`."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.reads = 0  # nodes fetched, for the O(log n) claims of tests and benchmarks
+
+    def node(self, level: int, index: int) -> bytes:
+        return self.nodes([(level, index)])[0]
+
+    def nodes(self, addresses: Sequence[merkle.Address]) -> list[bytes]:
+        wanted = list(dict.fromkeys(addresses))
+        found: dict[merkle.Address, bytes] = {}
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i:i + _CHUNK]
+            by_pos = {node_pos(level, idx): (level, idx) for level, idx in chunk}
+            if self.conn.dialect.name == "sqlite":  # the driver's cursor: the append path reads a frontier each time
+                sql = f"SELECT pos, hash FROM log_nodes WHERE pos IN ({', '.join('?' * len(by_pos))})"
+                with _driver(self.conn, sql) as cur:
+                    rows = cur.execute(sql, tuple(by_pos)).fetchall()
+            else:
+                rows = self.conn.execute(select(LogNodeRow.pos, LogNodeRow.hash).where(LogNodeRow.pos.in_(by_pos)))
+            found.update((by_pos[pos], bytes(h)) for pos, h in rows)
+        self.reads += len(wanted)
+        missing = [a for a in wanted if a not in found]
+        if missing:
+            raise LogCorrupt(f"node (level {missing[0][0]}, index {missing[0][1]}) is missing from log_nodes",
+                             expected="a stored node", actual=None)
+        return [found[a] for a in addresses]
+
+
+class Fold:
+    """A compact range [0, size) as a stack of perfect-subtree hashes (ledger/merkle.py's Frontier without its
+    objects per leaf): what a verifier folds a million recomputed leaves into, in leaf order."""
+
+    __slots__ = ("size", "stack")
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.stack: list[bytes] = []
+
+    def add(self, leaf: bytes) -> None:
+        h, i = leaf, self.size
+        while i & 1:
+            h = _sha256(b"\x01" + self.stack.pop() + h).digest()
+            i >>= 1
+        self.stack.append(h)
+        self.size += 1
+
+    def root(self) -> bytes:
+        return merkle.root_of_frontier(merkle.Frontier(self.size, tuple(self.stack)))
+
+
+# ------------------------------------------------------------------------------------------------------- reads
+
+
+def log_size(conn: Connection) -> int:
+    """The number of leaves (leaf indexes are contiguous from 0: the largest plus one)."""
+    top = conn.exec_driver_sql("SELECT max(leaf_index) FROM log_leaves").scalar()
+    return 0 if top is None else int(top) + 1
+
+
+def origin(conn: Connection, *, create: bool = False) -> str | None:
+    """The log's checkpoint origin line; with ``create``, a new random one is stored if there is none (a database
+    adopted from ``create_all`` has no row; migration 0004 stores one)."""
+    found = conn.execute(select(LogInfoRow.origin).where(LogInfoRow.id == 1)).scalar()
+    if found is None and create:
+        found = new_origin()
+        conn.execute(insert(LogInfoRow), {"id": 1, "origin": found})
+    return found
+
+
+def new_origin() -> str:
+    """A fresh origin: copies and forks of a ledger keep it, independent ledgers never share it."""
+    return ORIGIN_PREFIX + secrets.token_hex(16)
+
+
+def signatures_by_seq(conn: Connection, seqs: Sequence[int]) -> dict[int, tuple[LeafSignature, ...]]:
+    """The stored signatures of the receipts at ``seqs`` (receipts without any are absent)."""
+    out: dict[int, list[LeafSignature]] = {}
+    for i in range(0, len(seqs), _CHUNK):
+        chunk = list(seqs[i:i + _CHUNK])
+        stmt = select(SignatureRow.receipt_seq, SignatureRow.key, SignatureRow.signature).where(
+            SignatureRow.receipt_seq.in_(chunk))
+        for seq, key, sig in conn.execute(stmt):
+            out.setdefault(seq, []).append(LeafSignature(key, bytes(sig)))
+    return {seq: tuple(sorted(sigs, key=lambda s: s.key.encode())) for seq, sigs in out.items()}
+
+
+# ------------------------------------------------------------------------------------------------------ append
+
+_SQLITE_LAST_LEAF = "SELECT leaf_index, receipt_seq FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
+_SQLITE_INSERT_SIGNATURES = "INSERT INTO receipt_signatures (receipt_seq, key, signature) VALUES (?, ?, ?)"
+_SQLITE_INSERT_LEAVES = "INSERT INTO log_leaves (leaf_index, receipt_seq) VALUES (?, ?)"
+_SQLITE_INSERT_NODES = "INSERT INTO log_nodes (pos, level, idx, hash) VALUES (?, ?, ?, ?)"
+
+
+def sign_ids(signer: Signer, ids: Iterable[str]) -> dict[str, tuple[LeafSignature, ...]]:
+    """Each id's signature by ``signer`` over ledger/signing.py's message, ready for :func:`append_leaves`.
+
+    The same bytes as :func:`ledger.signing.sign_receipt` (Ed25519 is deterministic; a test holds them equal), with
+    the key's label and type worked out once per call instead of once per receipt: in a batched append that
+    bookkeeping cost as much as the signature itself."""
+    if signer.alg != ALG_ED25519:
+        raise MalformedKey("receipts are signed with an Ed25519 (type 0x01) key", expected=ALG_ED25519,
+                           actual=signer.alg)
+    label, key = signer.verifier.label, signer.private_key
+    return {rid: (LeafSignature(label, key.sign(RECEIPT_SIGNATURE_DOMAIN + _raw_id(rid))),) for rid in ids}
+
+
+def append_leaves(conn: Connection, entries: Sequence[LogEntry]) -> int:
+    """Store each entry's signatures and append its leaf, in order, inside the caller's write transaction; returns
+    the new size. Entries must come in seq order after the last logged receipt (the log's order is the append
+    order; the store appends a batch parents first)."""
+    if conn.dialect.name == "sqlite":
+        # Straight to the driver's cursor, in the caller's transaction: SQLAlchemy's per-statement work cost more
+        # than the five statements themselves (benchmarks/log_bench.py).
+        with _driver(conn, "append to log_leaves, log_nodes, receipt_signatures") as cur:
+            return _append_sqlite(conn, cur, entries)
+    top = conn.execute(select(LogLeafRow.leaf_index, LogLeafRow.receipt_seq)
+                       .order_by(LogLeafRow.leaf_index.desc()).limit(1)).first()
+    size, sig_rows, leaf_rows, node_rows = _leaf_rows(conn, top, entries)
+    if sig_rows:
+        conn.execute(insert(SignatureRow), [dict(zip(("receipt_seq", "key", "signature"), r, strict=True))
+                                            for r in sig_rows])
+    if leaf_rows:
+        conn.execute(insert(LogLeafRow), [{"leaf_index": i, "receipt_seq": s} for i, s in leaf_rows])
+        conn.execute(insert(LogNodeRow), [{"pos": p, "level": lv, "idx": ix, "hash": h} for p, lv, ix, h in node_rows])
+    return size
+
+
+def _append_sqlite(conn: Connection, cur: Any, entries: Sequence[LogEntry]) -> int:
+    size, sig_rows, leaf_rows, node_rows = _leaf_rows(conn, cur.execute(_SQLITE_LAST_LEAF).fetchone(), entries)
+    for sql, rows in ((_SQLITE_INSERT_SIGNATURES, sig_rows), (_SQLITE_INSERT_LEAVES, leaf_rows),
+                      (_SQLITE_INSERT_NODES, node_rows)):
+        if rows:
+            cur.executemany(sql, rows)
+    return size
+
+
+_Rows = tuple[int, list[tuple[int, str, bytes]], list[tuple[int, int]], list[tuple[int, int, int, bytes]]]
+
+
+def _leaf_rows(conn: Connection, top: Any, entries: Sequence[LogEntry]) -> _Rows:
+    """The new size and the signature, leaf and node rows for ``entries`` after the last leaf ``top``."""
+    size, last = (0, 0) if top is None else (int(top[0]) + 1, int(top[1]))
+    if not entries:
+        return size, [], [], []
+    previous = last
+    for e in entries:
+        if e.seq <= previous:
+            raise ValueError(f"log entries must follow the last logged seq {last} in increasing seq order, got "
+                             f"{[x.seq for x in entries]}")
+        previous = e.seq
+    # The frontier's hashes, re-read from the stored nodes; then ledger/merkle.py's append loop inlined (the
+    # same fold, SHA-256 as the log specifies) without a frozen Frontier and Node objects per leaf.
+    stack = list(merkle.frontier_at(DbNodes(conn), size).hashes)
+    sig_rows: list[tuple[int, str, bytes]] = []
+    leaf_rows: list[tuple[int, int]] = []
+    node_rows: list[tuple[int, int, int, bytes]] = []
+    pos = node_pos(0, size)  # the new nodes' positions follow one another from the new leaf's
+    for e in entries:
+        sig_rows.extend((e.seq, s.key, s.signature) for s in e.signatures)
+        leaf_rows.append((size, e.seq))
+        h = _sha256(b"\x00" + leaf_bytes(e.receipt, e.signatures)).digest()
+        node_rows.append((pos, 0, size, h))
+        level, i = 0, size
+        while i & 1:
+            h = _sha256(b"\x01" + stack.pop() + h).digest()
+            level += 1
+            i >>= 1
+            pos += 1
+            node_rows.append((pos, level, i, h))
+        stack.append(h)
+        size += 1
+        pos += 1
+    return size, sig_rows, leaf_rows, node_rows
+
+
+@contextmanager
+def _driver(conn: Connection, what: str) -> Iterator[Any]:
+    """The DBAPI cursor of ``conn``'s SQLite connection (inside its transaction), its errors raised as SQLAlchemy's
+    (IntegrityError, OperationalError...): the store's retries and typed errors expect those."""
+    import sqlite3
+
+    from sqlalchemy.exc import DBAPIError
+
+    cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        yield cur
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(what, None, exc, sqlite3.Error) from exc
+    finally:
+        cur.close()

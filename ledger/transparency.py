@@ -1,0 +1,437 @@
+"""The transparency log seen through a :class:`~ledger.store.Store`: operator keys on disk and in the ledger, the
+log's heads (signed C2SP checkpoints), its proofs, and in-toto attestations of a receipt. docs/transparency.md is
+the specification; ledger/tlog.py holds the bytes and rows the store writes inside its append transaction.
+
+Keys. A private key is a 0600 file ``<dir>/<NAME>.key`` (ledger/signing.py's format) in a key directory: ``--dir``,
+else ``$LEDGER_KEYS``, else ``~/.config/training-ledger/keys``; never in the database. A public key is registered in
+the ledger by a ``key`` receipt (:func:`key_receipt`), signed by the key itself, so who may sign is itself evidence
+and is ordered by the log like everything else.
+
+Heads. :func:`sign_head` signs the current checkpoint (origin ``training-ledger/<32 hex>``, the ledger's size and
+SHA-256 root) as a signed note with the operator key and records it in ``log_checkpoints``: the ledger's own record
+of the sizes it claimed, which verify uses to tell a truncated ledger from an older copy.
+
+The main job. :func:`operator_setup` creates the operator key under ``<workdir>/keys/`` (once) and registers it;
+:func:`export_head` writes the final head to a file. Both are runner-free: the experiment calls them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import Connection, insert, select
+
+from ledger import digests, dsse, merkle, note, tlog
+from ledger.artifacts import ArtifactStore, atomic_write
+from ledger.errors import DigestMismatch, InputError, LookupFailed, UnknownReceipt, VerificationError
+from ledger.models import LogCheckpointRow, LogLeafRow, ReceiptRow
+from ledger.receipts import Kind, Receipt, make_receipt
+from ledger.rules import KEY_FORMAT
+from ledger.signing import generate_key, load_private_key, load_public_key, save_private_key
+from ledger.store import Store, Stored
+from ledger.tlog import LeafSignature, LogCorrupt
+
+ENV_KEYS: Final = "LEDGER_KEYS"
+DEFAULT_KEYS_DIR: Final = Path("~/.config/training-ledger/keys")
+KEY_SUFFIX: Final = ".key"
+# A key's file name is its name: a signed-note key name that is also a safe file name (no '/', no '+', no space).
+KEY_NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+OPERATOR_KEY: Final = "operator"
+PREDICATE_TYPE: Final = "https://training-ledger.example/attestation/receipt/v1"
+
+
+class UnknownKeyFile(LookupFailed):
+    """No key file of that name in the key directory (exit 3)."""
+
+    def __init__(self, name: str, directory: Path) -> None:
+        super().__init__(f"no key {name!r} in {directory} (create it with `ledger keys new {name}`)")
+        self.name = name
+        self.directory = directory
+
+
+class KeyLabelConflict(VerificationError):
+    """Two registered keys share a label (name and 32-bit key id): a signature could not say which one signed."""
+
+    def __init__(self, label: str, *, expected: str, actual: str, receipt: str) -> None:
+        super().__init__(f"receipt {receipt}: registers a second key labelled {label} (a different key has that "
+                         f"name and key id)", receipt=receipt, field="measurements.key", expected=expected,
+                         actual=actual)
+
+
+class NotInLog(VerificationError):
+    """A receipt without a leaf: stored behind the library's back, after the log it should be in."""
+
+    def __init__(self, receipt: str, seq: int) -> None:
+        super().__init__(f"receipt {receipt} (seq {seq}) is not in the transparency log: it was stored without the "
+                         f"library", receipt=receipt, field="log", expected="a leaf", actual=None)
+
+
+# ------------------------------------------------------------------------------------------------ key directory
+
+
+@dataclass(frozen=True)
+class KeyFile:
+    """A key in a key directory: its name, its file, and its public half."""
+
+    name: str
+    path: Path
+    verifier: note.Verifier
+
+    @property
+    def witness(self) -> bool:
+        return self.verifier.alg == note.ALG_COSIGNATURE_V1
+
+
+def keys_dir(given: str | os.PathLike[str] | None = None) -> Path:
+    """``given``, else ``$LEDGER_KEYS``, else ``~/.config/training-ledger/keys``."""
+    value = os.fspath(given) if given is not None else os.environ.get(ENV_KEYS) or str(DEFAULT_KEYS_DIR)
+    return Path(value).expanduser()
+
+
+def key_path(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
+    if not isinstance(name, str) or not KEY_NAME_RE.fullmatch(name):
+        raise InputError(f"key name {name!r}: expected 1 to 100 of A-Z a-z 0-9 . _ - (starting with a letter or "
+                         f"digit)")
+    return keys_dir(directory) / f"{name}{KEY_SUFFIX}"
+
+
+def create_key(name: str, directory: str | os.PathLike[str] | None = None, *, witness: bool = False
+               ) -> tuple[note.Signer, Path]:
+    """A new Ed25519 key in a new 0600 file (an existing one is never replaced: FileExistsError). ``witness``
+    makes a cosignature/v1 key (a witness's), which cannot sign receipts or log heads."""
+    path = key_path(name, directory)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    signer = note.Signer.generate(name, note.ALG_COSIGNATURE_V1) if witness else generate_key(name)
+    return signer, save_private_key(signer, path)
+
+
+def load_key(name: str, directory: str | os.PathLike[str] | None = None) -> note.Signer:
+    """The key ``name`` from the key directory (refused if group or others may read it)."""
+    path = key_path(name, directory)
+    if not path.exists():
+        raise UnknownKeyFile(name, path.parent)
+    return load_private_key(path)
+
+
+def list_keys(directory: str | os.PathLike[str] | None = None) -> list[KeyFile]:
+    """Every key file of the directory, by name (each is loaded, so an exposed or malformed one raises)."""
+    root = keys_dir(directory)
+    if not root.is_dir():
+        return []
+    out = []
+    for path in sorted(root.glob(f"*{KEY_SUFFIX}")):
+        name = path.name.removesuffix(KEY_SUFFIX)
+        if KEY_NAME_RE.fullmatch(name):
+            out.append(KeyFile(name, path, load_private_key(path).verifier))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ keys in the ledger
+
+
+def key_receipt(verifier: note.Verifier, *, rank: int | None = None, run: str | None = None) -> Receipt:
+    """The receipt registering ``verifier`` (an Ed25519 operator or rank key)."""
+    return make_receipt(Kind.KEY, run=run, rank=rank, measurements={"format": KEY_FORMAT, "key": verifier.key()})
+
+
+def register_key(store: Store, signer: note.Signer, *, rank: int | None = None, run: str | None = None) -> Stored:
+    """Append the key's registration, signed by the key itself (idempotent: the same registration is one receipt)."""
+    return store.append(key_receipt(signer.verifier, rank=rank, run=run), signer=signer)
+
+
+@dataclass(frozen=True)
+class RegisteredKey:
+    """A key registered in the ledger: the key, the receipt registering it first, and that receipt's leaf."""
+
+    verifier: note.Verifier
+    receipt: str
+    leaf_index: int
+
+
+def registered_keys(store: Store) -> dict[str, RegisteredKey]:
+    """Every registered key by label, at its first registration in log order. A key receipt's id is recomputed from
+    its body first (a body edited to swap the key is a DigestMismatch); one outside the log is NotInLog; a second
+    key with the label of another is KeyLabelConflict."""
+    stmt = (select(ReceiptRow.seq, ReceiptRow.id, ReceiptRow.body, LogLeafRow.leaf_index)
+            .outerjoin(LogLeafRow, LogLeafRow.receipt_seq == ReceiptRow.seq)
+            .where(ReceiptRow.kind == Kind.KEY.value).order_by(ReceiptRow.seq))
+    out: dict[str, RegisteredKey] = {}
+    with store.engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    for seq, rid, body, leaf in sorted(rows, key=lambda r: (r[3] is None, r[3] if r[3] is not None else r[0])):
+        body = bytes(body)
+        actual = digests.receipt_id(body)
+        if actual != rid:
+            raise DigestMismatch("receipt id does not recompute from the stored body", expected=rid, actual=actual,
+                                 receipt=rid, field="body")
+        if leaf is None:
+            raise NotInLog(rid, seq)
+        verifier = load_public_key(Receipt.from_bytes(body).measurements["key"])
+        have = out.get(verifier.label)
+        if have is None:
+            out[verifier.label] = RegisteredKey(verifier, rid, int(leaf))
+        elif have.verifier != verifier:
+            raise KeyLabelConflict(verifier.label, expected=have.verifier.key(), actual=verifier.key(), receipt=rid)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the log's reads
+
+
+def log_origin(store: Store) -> str:
+    """The log's origin line (every checkpoint of this ledger and of its copies starts with it)."""
+    with store.engine.connect() as conn:
+        found = tlog.origin(conn)
+    if found is None:  # a database adopted from create_all, never written since: its first append creates it
+        with store.engine.execution_options(ledger_write=True).begin() as conn:
+            found = tlog.origin(conn, create=True)
+    assert found is not None
+    return found
+
+
+def checkpoint_of(conn: Connection, origin: str) -> note.Checkpoint:
+    """The checkpoint of the log as this connection sees it."""
+    size = tlog.log_size(conn)
+    return note.Checkpoint(origin, size, merkle.root_at(tlog.DbNodes(conn), size))
+
+
+def current_checkpoint(store: Store) -> note.Checkpoint:
+    """The checkpoint (origin, size, root) of the ledger as it is now; not signed."""
+    origin = log_origin(store)
+    with store.engine.connect() as conn:
+        return checkpoint_of(conn, origin)
+
+
+def sign_head(store: Store, signer: note.Signer, *, record: bool = True) -> bytes:
+    """The current checkpoint as a signed note (C2SP tlog-checkpoint in a signed-note) by ``signer``. With ``record``
+    (and a writable ledger) it is also kept in ``log_checkpoints``."""
+    if signer.alg != note.ALG_ED25519:
+        raise InputError(f"key {signer.name} is a witness (cosignature/v1) key: log heads are signed with an "
+                         f"Ed25519 operator key")
+    checkpoint = current_checkpoint(store)
+    signed = note.sign_checkpoint(checkpoint, signer)
+    if record and store.readonly is None:
+        with store.engine.execution_options(ledger_write=True).begin() as conn:
+            conn.execute(insert(LogCheckpointRow), {"size": checkpoint.size, "root": checkpoint.root,
+                                                    "note": signed.decode(), "recorded_ns": time.time_ns()})
+    return signed
+
+
+def export_head(store: Store, signer: note.Signer, path: str | os.PathLike[str]) -> note.Checkpoint:
+    """Sign the current head (:func:`sign_head`, recorded) and write it to ``path`` atomically; returns it."""
+    signed = sign_head(store, signer)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, signed)
+    return note.parse_checkpoint(note.parse_note(signed).text)
+
+
+def issued_checkpoints(store: Store) -> list[note.Checkpoint]:
+    """The checkpoints this ledger says it issued, oldest first (the operator can edit this: a hint, not proof)."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(select(LogCheckpointRow.note).order_by(LogCheckpointRow.seq)).scalars().all()
+    out = []
+    for text in rows:
+        try:
+            out.append(note.parse_checkpoint(note.parse_note(text).text))
+        except InputError:  # an edited row is not a checkpoint this ledger issued
+            continue
+    return out
+
+
+@dataclass(frozen=True)
+class Inclusion:
+    """Receipt ``receipt`` is leaf ``leaf_index`` of the tree of ``size`` leaves: ``proof`` from its leaf hash."""
+
+    receipt: str
+    leaf_index: int
+    size: int
+    leaf_hash: bytes
+    signatures: tuple[LeafSignature, ...]
+    proof: tuple[bytes, ...]
+
+    def verify(self, root: bytes) -> None:
+        merkle.verify_inclusion(self.leaf_hash, self.leaf_index, self.size, self.proof, root)
+
+
+def leaf_of(conn: Connection, rid: str) -> tuple[int, tlog.LogEntry]:
+    """The leaf index and log entry (id and stored signatures) of receipt ``rid``; NotInLog / UnknownReceipt."""
+    row = conn.execute(select(ReceiptRow.seq, LogLeafRow.leaf_index)
+                       .outerjoin(LogLeafRow, LogLeafRow.receipt_seq == ReceiptRow.seq)
+                       .where(ReceiptRow.id == rid)).first()
+    if row is None:
+        raise UnknownReceipt(rid)
+    seq, leaf = row
+    if leaf is None:
+        raise NotInLog(rid, seq)
+    sigs = tlog.signatures_by_seq(conn, [seq]).get(seq, ())
+    return int(leaf), tlog.LogEntry(seq, rid, sigs)
+
+
+def inclusion(conn: Connection, rid: str, size: int) -> Inclusion:
+    """The inclusion proof of receipt ``rid`` in the tree of ``size`` leaves (ceil(log2 size) node reads at most),
+    its leaf hash recomputed from the id and the signatures stored with it."""
+    index, entry = leaf_of(conn, rid)
+    if index >= size:
+        raise LogCorrupt(f"receipt {rid} is leaf {index}, beyond the tree of {size} leaves", expected=f"< {size}",
+                         actual=index, receipt=rid)
+    proof = merkle.inclusion_proof(tlog.DbNodes(conn), index, size)
+    return Inclusion(rid, index, size, tlog.entry_hash(entry), entry.signatures, tuple(proof))
+
+
+def consistency(conn: Connection, size1: int, size2: int) -> list[bytes]:
+    """The consistency proof from the tree of ``size1`` leaves to the tree of ``size2`` (O(log size2) node reads)."""
+    return merkle.consistency_proof(tlog.DbNodes(conn), size1, size2)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRow:
+    """One leaf as stored, for verification: its receipt row (None where the row is gone), the signatures stored
+    with it, and the leaf hash the node table holds for it (None where that node is gone)."""
+
+    leaf_index: int
+    seq: int
+    receipt: str | None
+    body: bytes | None
+    signatures: tuple[LeafSignature, ...]
+    stored_hash: bytes | None
+
+
+_LOGGED = ("SELECT l.leaf_index, l.receipt_seq, r.id, r.body FROM log_leaves l "
+           "LEFT JOIN receipts r ON r.seq = l.receipt_seq "
+           "WHERE l.leaf_index >= :start ORDER BY l.leaf_index LIMIT :n")
+_SIGS_IN_RANGE = ("SELECT receipt_seq, key, signature FROM receipt_signatures "
+                  "WHERE receipt_seq BETWEEN :lo AND :hi")
+# The leaf hashes of a run of leaves: one range of positions (each leaf's nodes sit between it and the next leaf).
+_LEAF_HASHES_IN_RANGE = "SELECT idx, hash FROM log_nodes WHERE pos BETWEEN :lo AND :hi AND level = 0"
+
+
+def iter_logged(conn: Connection, *, batch: int = 5000, bodies: bool = True) -> Iterator[LoggedRow]:
+    """Every leaf in leaf order with its receipt row, signatures and stored leaf hash, streamed in batches from one
+    connection (its snapshot); ``bodies=False`` skips the receipt bodies."""
+    from sqlalchemy import text
+
+    sql = text(_LOGGED if bodies else _LOGGED.replace("r.body", "NULL"))
+    start = 0
+    while True:
+        rows = conn.execute(sql, {"start": start, "n": batch}).all()
+        if not rows:
+            return
+        seqs = [r[1] for r in rows]
+        sigs: dict[int, list[LeafSignature]] = {}
+        for seq, key, sig in conn.execute(text(_SIGS_IN_RANGE), {"lo": min(seqs), "hi": max(seqs)}):
+            sigs.setdefault(seq, []).append(LeafSignature(key, bytes(sig)))
+        first, last = int(rows[0][0]), int(rows[-1][0])
+        hashes = {int(i): bytes(h) for i, h in conn.execute(text(_LEAF_HASHES_IN_RANGE), {
+            "lo": tlog.node_pos(0, first), "hi": tlog.node_pos(0, last)})}
+        for leaf, seq, rid, body in rows:
+            mine = tuple(sorted(sigs.get(seq, ()), key=lambda s: s.key.encode()))
+            yield LoggedRow(int(leaf), int(seq), rid, None if body is None else bytes(body), mine,
+                            hashes.get(int(leaf)))
+        start = int(rows[-1][0]) + 1
+
+
+def unlogged_receipts(conn: Connection, limit: int = 1) -> list[tuple[int, str]]:
+    """(seq, id) of receipts that have no leaf (none, unless rows were written behind the library's back)."""
+    from sqlalchemy import text
+
+    return [(int(s), str(i)) for s, i in conn.execute(text(
+        "SELECT r.seq, r.id FROM receipts r LEFT JOIN log_leaves l ON l.receipt_seq = r.seq "
+        "WHERE l.leaf_index IS NULL ORDER BY r.seq LIMIT :n"), {"n": limit})]
+
+
+# --------------------------------------------------------------------------------------------------- main job
+
+
+def operator_key_path(workdir: str | os.PathLike[str]) -> Path:
+    """Where the main job keeps its operator key: ``<workdir>/keys/operator.key``."""
+    return Path(workdir) / "keys" / f"{OPERATOR_KEY}{KEY_SUFFIX}"
+
+
+def operator_setup(workdir: str | os.PathLike[str], db: str | os.PathLike[str] | None = None) -> note.Signer:
+    """The experiment's operator key: created as ``<workdir>/keys/operator.key`` (0600) if absent, and registered
+    by a ``key`` receipt in the ledger ``db`` (default ``<workdir>/ledger.db``, created if absent) unless it is
+    registered already. Call before anything else is appended, so that every later receipt may be signed by it."""
+    path = operator_key_path(workdir)
+    if path.exists():
+        signer = load_private_key(path)
+    else:
+        signer, _ = create_key(OPERATOR_KEY, path.parent)
+    with Store.open(db if db is not None else Path(workdir) / "ledger.db", create=True) as store:
+        register_key(store, signer)
+    return signer
+
+
+# ------------------------------------------------------------------------------------------------ attestations
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def attestation_statement(store: Store, artifacts: ArtifactStore, ref: str, signer: note.Signer) -> dict[str, Any]:
+    """The in-toto Statement v1 attesting receipt ``ref``: subjects are the receipt's canonical bytes (named by its
+    id) and every artifact whose bytes are found as a file (re-hashed: wrong bytes are a DigestMismatch, never
+    attested), each with ``sha256`` and ``blake3``; the predicate holds the receipt, its signatures and its
+    inclusion proof against a checkpoint signed now by ``signer`` (docs/transparency.md, "Attestations")."""
+    stored = store.get(ref)
+    receipt = stored.receipt
+    head = sign_head(store, signer)
+    checkpoint = note.parse_checkpoint(note.parse_note(head).text)
+    with store.engine.connect() as conn:
+        proof = inclusion(conn, receipt.id, checkpoint.size)
+    proof.verify(checkpoint.root)  # never attest what the head does not include
+    subjects = [dsse.subject(receipt.id, sha256=hashlib.sha256(receipt.body).hexdigest(),
+                             blake3=digests.digest_hex(digests.raw_digest(receipt.body)))]
+    not_subjects: dict[str, str] = {}
+    for name, digest in sorted(receipt.artifacts.items()):
+        if name == receipt.id:
+            raise InputError(f"receipt {receipt.id}: an artifact named like the receipt's id cannot be a subject")
+        found = _artifact_file(store, artifacts, receipt.id, name, digest)
+        if found is None:
+            not_subjects[name] = "no file holds its bytes (a checkpoint directory, a component or missing)"
+            continue
+        subjects.append(dsse.subject(name, sha256=found, blake3=digest))
+    predicate = {
+        "receipt": digests.parse_canonical(receipt.body),
+        "receipt_id": receipt.id,
+        "signatures": [{"key": s.key, "sig": _b64(s.signature)} for s in proof.signatures],
+        "log": {"checkpoint": head.decode(), "leaf_index": proof.leaf_index,
+                "inclusion_proof": [_b64(h) for h in proof.proof]},
+        "not_subjects": not_subjects,
+    }
+    return dsse.statement(subjects, PREDICATE_TYPE, predicate)
+
+
+def _artifact_file(store: Store, artifacts: ArtifactStore, rid: str, name: str, digest: str) -> str | None:
+    """The sha256 (hex) of the first regular file holding artifact ``name``'s bytes, checked against its BLAKE3
+    digest; None when no file holds them."""
+    for path in artifacts.candidates(digest, store.evidence_locations(rid, name, digest)):
+        if not path.is_file() or path.is_symlink():
+            continue
+        actual = digests.file_digest(path, follow_symlinks=False)
+        if actual != digest:
+            raise DigestMismatch(f"artifact {name!r} at {path}", expected=digest, actual=actual, receipt=rid,
+                                 field=f"artifacts.{name}")
+        sha = hashlib.sha256()
+        with open(path, "rb") as f:  # a second pass: BLAKE3 above is the check, this only names the bytes
+            while chunk := f.read(1 << 20):
+                sha.update(chunk)
+        return sha.hexdigest()
+    return None
+
+
+def export_attestation(store: Store, artifacts: ArtifactStore, ref: str, signer: note.Signer) -> dsse.Envelope:
+    """:func:`attestation_statement` in a DSSE envelope signed by ``signer`` (keyid: its label)."""
+    if signer.alg != note.ALG_ED25519:
+        raise InputError(f"key {signer.name} is a witness key: attestations are signed with an operator key")
+    stmt = attestation_statement(store, artifacts, ref, signer)
+    return dsse.sign_statement(stmt, {signer.verifier.label: signer.private_key})

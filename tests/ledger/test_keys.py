@@ -1,0 +1,122 @@
+"""Operator keys (ledger/transparency.py, `ledger keys`): 0600 files in a key directory, never in the database; public
+keys registered by `key` receipts with their chain rule; the main job's operator_setup."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ledger import note
+from ledger import transparency as tp
+from ledger.chain import check_receipt
+from ledger.cli import app
+from ledger.errors import ChainBroken, InputError
+from ledger.kinds import spec
+from ledger.receipts import make_receipt
+from ledger.rules import KEY_FORMAT
+from ledger.signing import generate_key
+from ledger.store import Store
+from ledger.transparency_errors import KeyFileExposed
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    r = CliRunner().invoke(app, list(args), env=env)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_keys_new_list_export(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    code, stdout, stderr = cli("keys", "new", "alice", "--dir", str(keys))
+    assert code == 0, stderr
+    path = keys / "alice.key"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(keys.stat().st_mode) == 0o700
+    public = stdout.splitlines()[0]
+    assert public.startswith("alice+") and note.Verifier.from_key(public).alg == note.ALG_ED25519
+    assert cli("keys", "export", "alice", "--dir", str(keys))[1] == public + "\n"
+    assert cli("keys", "new", "w", "--witness", "--dir", str(keys))[0] == 0
+    code, stdout, _ = cli("keys", "list", "--dir", str(keys), "--json")
+    listed = {k["name"]: k for k in json.loads(stdout)["keys"]}
+    assert listed["alice"]["public_key"] == public and not listed["alice"]["witness"] and listed["w"]["witness"]
+    # never overwritten
+    code, _, stderr = cli("keys", "new", "alice", "--dir", str(keys))
+    assert code == 2 and "never overwritten" in stderr
+    assert (keys / "alice.key").read_text().startswith("PRIVATE+KEY+alice+")
+
+
+def test_the_key_directory_from_the_environment(tmp_path: Path) -> None:
+    code, _, stderr = cli("keys", "new", "bob", env={"LEDGER_KEYS": str(tmp_path / "env-keys")})
+    assert code == 0, stderr
+    assert (tmp_path / "env-keys" / "bob.key").exists()
+
+
+@pytest.mark.parametrize("name", ["", "a b", "a/b", "a+b", ".hidden", "x" * 101])
+def test_a_key_name_must_be_a_safe_file_name(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InputError, match="key name"):
+        tp.create_key(name, tmp_path)
+
+
+def test_an_exposed_or_unknown_key_is_refused(tmp_path: Path) -> None:
+    tp.create_key("alice", tmp_path)
+    (tmp_path / "alice.key").chmod(0o640)
+    with pytest.raises(KeyFileExposed):
+        tp.load_key("alice", tmp_path)
+    code, _, stderr = cli("keys", "export", "alice", "--dir", str(tmp_path))
+    assert code == 2 and "chmod 600" in stderr
+    code, _, stderr = cli("keys", "export", "nobody", "--dir", str(tmp_path))
+    assert code == 3 and "no key 'nobody'" in stderr
+
+
+def test_register_and_list_against_a_ledger(tmp_path: Path) -> None:
+    keys, db = tmp_path / "keys", tmp_path / "ledger.db"
+    assert cli("init", "--db", str(db))[0] == 0
+    assert cli("keys", "new", "alice", "--dir", str(keys))[0] == 0
+    code, stdout, stderr = cli("keys", "register", "alice", "--dir", str(keys), "--db", str(db), "--json")
+    assert code == 0, stderr
+    first = json.loads(stdout)
+    assert first["new"] and json.loads(cli("keys", "register", "alice", "--dir", str(keys), "--db", str(db),
+                                           "--json")[1])["new"] is False  # one registration, one receipt
+    code, stdout, _ = cli("keys", "list", "--dir", str(keys), "--db", str(db))
+    assert f"registered by {first['receipt']}" in stdout
+    with Store.open(db) as store:
+        (reg,) = tp.registered_keys(store).values()
+        assert reg.receipt == first["receipt"] and reg.leaf_index == 0
+        key_receipt = store.get(first["receipt"]).receipt
+    assert key_receipt.measurements == {"format": KEY_FORMAT, "key": tp.load_key("alice", keys).verifier.key()}
+    # the private key is nowhere in the database
+    private = (keys / "alice.key").read_text().strip().rsplit("+", 1)[1]
+    with sqlite3.connect(db) as conn:
+        dump = "\n".join(conn.iterdump())
+    assert private not in dump
+
+
+def test_the_key_kind_rule() -> None:
+    good = tp.key_receipt(generate_key("alice").verifier, rank=3)
+    check_receipt(good, {})
+    spec("key").schema.check(good)
+    witness = note.Signer.generate("w", note.ALG_COSIGNATURE_V1).verifier
+    for bad in (make_receipt("key", measurements={"format": KEY_FORMAT, "key": "not a key"}),
+                make_receipt("key", measurements={"format": KEY_FORMAT, "key": witness.key()}),
+                make_receipt("key", measurements={"format": KEY_FORMAT, "key": 7}),
+                make_receipt("key", step=1, measurements=dict(good.measurements)),
+                make_receipt("key", parents=[good], measurements=dict(good.measurements))):
+        parents = {good.id: good} if bad.parents else {}
+        with pytest.raises(ChainBroken):
+            check_receipt(bad, parents)
+
+
+def test_operator_setup_creates_and_registers_the_key_once(tmp_path: Path) -> None:
+    signer = tp.operator_setup(tmp_path)
+    path = tp.operator_key_path(tmp_path)
+    assert path == tmp_path / "keys" / "operator.key" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    again = tp.operator_setup(tmp_path)
+    assert again.key() == signer.key()
+    with Store.open(tmp_path / "ledger.db") as store:
+        assert store.count() == 1
+        assert list(tp.registered_keys(store)) == [signer.verifier.label]
+        tp.export_head(store, signer, tmp_path / "log-head.txt")
+    note.verify_checkpoint((tmp_path / "log-head.txt").read_bytes(), signer.verifier)
