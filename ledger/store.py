@@ -568,6 +568,13 @@ class Store:
             raise AmbiguousReceipt(ref, found)
         return found[0]
 
+    def ids(self, *, prepared: str) -> list[str]:
+        """The stored ids of every receipt with this prepared digest, in append order (the rows' ids, whatever
+        their bodies say: the verifier recomputes each)."""
+        with Session(self.engine) as session:
+            stmt = select(ReceiptRow.id).where(ReceiptRow.prepared == prepared).order_by(ReceiptRow.seq)
+            return list(session.scalars(stmt))
+
     def latest_prepared(self, prepared: str | None = None) -> str:
         """``prepared`` if a prepare receipt has that digest, else the latest prepare receipt's digest."""
         found = self.find(kind="prepare", prepared=prepared)

@@ -221,6 +221,11 @@ class Verifier:
             self._seed = secrets.randbits(32)
         return self._seed
 
+    @property
+    def chained(self) -> set[str]:
+        """The receipts this verifier has verified (their rows, chain rules and checks held)."""
+        return self._known.chained
+
     def verify(self, ref: str, *, progress: Callable[[str], None] | None = None) -> VerifyReport:
         """Verify the receipt ``ref`` (id or unique prefix) and every ancestor, as :func:`verify_receipt` does."""
         known = self._known
