@@ -172,8 +172,9 @@ class TinyExperiment:
         shutil.copytree(self.workdir, dest, symlinks=True)
         conn = sqlite3.connect(dest / "ledger.db")
         with conn:
-            conn.execute("UPDATE artifact_locations SET uri = replace(uri, ?, ?)",
-                         (str(self.workdir.resolve()), str(dest.resolve())))
+            for table in ("artifact_locations", "receipt_locations"):  # every recorded place, both lookups
+                conn.execute(f"UPDATE {table} SET uri = replace(uri, ?, ?)",
+                             (str(self.workdir.resolve()), str(dest.resolve())))
         conn.close()
         return TinyExperiment(dest, {**self.summary, "db": str(dest / "ledger.db")})
 
