@@ -139,7 +139,8 @@ def test_dropout_draws_only_from_the_models_generator() -> None:
 
 
 def test_build_model_refuses_hf_specs() -> None:
-    with pytest.raises(InputError, match="load_hf_causal_lm"):
+    # model.kind = "hf" builds from model.path: a path with no readable config.json is one clear InputError
+    with pytest.raises(InputError, match="model.path /nowhere"):
         build_model(replace(CFG, kind="hf", path="/nowhere"), VOCAB, seed=0)
     assert isinstance(build_model(CFG, VOCAB, seed=0), TinyLM)
 
