@@ -167,6 +167,8 @@ def _scan(text: str) -> Any:
     if end != len(text):
         raise ValueError("extra data")
     return value
+
+
 _encode_string: Final = json.encoder.encode_basestring  # json's C string encoder (ensure_ascii=False)
 # Leaves the encoder checks by itself (floats: finite; strings: no lone surrogate, found by the UTF-8 encoding).
 # Exact types only: a subclass (an enum member, say) takes the reference path, which treats it as before.

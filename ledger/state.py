@@ -20,6 +20,11 @@ Files are validated before a byte of tensor data is touched (see :class:`Safeten
 read-only mmap views: memory stays bounded whatever the checkpoint size, and BLAKE3 runs on every core. Only
 regular files are opened (ledger.digests.open_regular), and a checkpoint directory's entries are never followed
 as symbolic links: a FIFO would block a reader and a link could point outside the checkpoint.
+
+Reading many checkpoints (:func:`read_states`) is a pipeline: while the hashing threads hash one, the next is
+validated; a few are mapped at a time. With file digests, a large file among others is hashed in one pass for its
+digest and its tensors' (:func:`hash_file_and_tensors`), its bytes read from memory once. Inside a
+:class:`StateCache` (a verification holds one) a checkpoint is read once however often it is asked for.
 """
 
 from __future__ import annotations
@@ -745,6 +750,7 @@ def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progr
     opened: list[_Opened] = []
     hashed: dict[int, _Hashed] = {}
     running: deque[tuple[int, _Hashing]] = deque()
+    closing: list[Future[None]] = []
     out: list[CheckpointState] = []
     try:
         for p in todo:
@@ -757,10 +763,10 @@ def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progr
             running.append((len(opened) - 1, _submit(opened[-1], files, total)))
             while len(running) > _IN_FLIGHT:
                 k, job = running.popleft()
-                hashed[k] = _collect(opened[k], job, report)
+                hashed[k] = _collect(opened[k], job, report, closing)
         while running:
             k, job = running.popleft()
-            hashed[k] = _collect(opened[k], job, report)
+            hashed[k] = _collect(opened[k], job, report, closing)
         for k, o in enumerate(opened):
             data, file_digests = hashed[k]
             try:
@@ -771,6 +777,8 @@ def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progr
     finally:
         for _, job in running:  # an error left hashing running: let it finish before unmapping its files
             job.wait()
+        for fut in closing:
+            fut.result()
         for o in opened:
             o.close()
     return out
@@ -861,8 +869,10 @@ def _submit_tasks(o: _Opened, files: bool, total: int, tasks: list[tuple[list[_S
                       sum(sizes[i] for i in part)))
 
 
-def _collect(o: _Opened, job: _Hashing, report: Callable[[int], None] | None) -> _Hashed:
-    """Wait for a checkpoint's digests, then unmap its files (its state is assembled from the digests)."""
+def _collect(o: _Opened, job: _Hashing, report: Callable[[int], None] | None,
+             closing: list[Future[None]]) -> _Hashed:
+    """Wait for a checkpoint's digests, then unmap its files on a hashing thread (unmapping costs about what hashing
+    a small checkpoint does; its state is assembled from the digests)."""
     data: dict[str, dict[str, str]] = {name: {} for name in o.files}
     file_digests: dict[str, str] = {}
     try:
@@ -877,7 +887,7 @@ def _collect(o: _Opened, job: _Hashing, report: Callable[[int], None] | None) ->
     except BaseException:
         job.wait()
         raise
-    o.close()
+    closing.append(_executor().submit(o.close))
     return data, file_digests
 
 

@@ -9,13 +9,17 @@ A :class:`Verifier` verifies many receipts over one ledger (an audit verifies ea
 their ancestries overlap) at the cost of their union: each stored row is re-hashed and parsed once, each receipt's
 chain rule and kind checks run once, each artifact place is re-hashed once, each checkpoint state is read once and
 the ledger is asked each question once. It remembers only what held, and the same receipts fail with the same
-errors as one :func:`verify_receipt` each.
+errors as one :func:`verify_receipt` each. :meth:`Verifier.verify_many` verifies a whole experiment's receipts (all
+of an audit's) a batch of rows at a time, each receipt whose ancestry is verified checked alone: linear in the
+number of receipts, not in the sum of their ancestries.
 """
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -70,29 +74,45 @@ class VerifyReport:
 _COLUMNS = ("kind", "run", "rank", "step", "prepared", "selection")
 
 
+def _columns(row: ReceiptRow) -> dict[str, Any]:
+    """The row's loaded columns. A verifier reads thousands of rows, and an ORM attribute costs a descriptor call
+    each time it is read: the loaded values sit in the instance's ``__dict__`` (anything missing is read through
+    the attribute)."""
+    loaded = vars(row)
+    names = ("id", "body", *_COLUMNS)
+    if all(name in loaded for name in names):
+        return loaded
+    return {name: getattr(row, name) for name in names}
+
+
 def check_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> Receipt:
     """Integrity of one stored receipt: its id, its body, and the index rows derived from the body."""
+    col = _columns(row)
+    rid, body = col["id"], col["body"]
     # sqlite3's replace()/substr() on a BLOB store TEXT; hash whatever bytes the row holds, never crash on it
-    body = row.body if isinstance(row.body, bytes) else str(row.body).encode("utf-8", "surrogatepass")
+    body = body if isinstance(body, bytes) else str(body).encode("utf-8", "surrogatepass")
     actual = digests.receipt_id(body)
-    if actual != row.id:
-        raise DigestMismatch("receipt id does not recompute from the stored body", expected=row.id,
-                             actual=actual, receipt=row.id, field="body")
+    if actual != rid:
+        raise DigestMismatch("receipt id does not recompute from the stored body", expected=rid,
+                             actual=actual, receipt=rid, field="body")
     try:
         receipt = Receipt.from_bytes(body)
     except LedgerError as exc:  # only a forged row can get here: the id matched a non-receipt body
-        raise RecordInvalid.at(f"receipt {row.id}: body is not a valid receipt: {exc.one_line()}",
-                               receipt=row.id, field="body", expected="a receipt body", actual=exc.one_line()) from exc
+        raise RecordInvalid.at(f"receipt {rid}: body is not a valid receipt: {exc.one_line()}",
+                               receipt=rid, field="body", expected="a receipt body", actual=exc.one_line()) from exc
+    receipt.__dict__["id"] = actual  # the digest of its body, just computed: fills the cached_property
     for name in _COLUMNS:
-        if getattr(row, name) != getattr(receipt, name):
-            raise RecordMismatch(row.id, name, expected=getattr(receipt, name), actual=getattr(row, name))
+        if col[name] != getattr(receipt, name):
+            raise RecordMismatch(rid, name, expected=getattr(receipt, name), actual=col[name])
     stored_parents = sorted(e.parent for e in edges)
     if stored_parents != list(receipt.parents) and not _deleted_parents_only(stored_parents, receipt.parents):
-        raise RecordMismatch(row.id, "parents", expected=list(receipt.parents), actual=stored_parents)
+        raise RecordMismatch(rid, "parents", expected=list(receipt.parents), actual=stored_parents)
     stored_arts = {a.name: a.digest for a in arts}
+    if stored_arts == receipt.artifacts:
+        return receipt
     for name in sorted(set(stored_arts) | set(receipt.artifacts)):
         if stored_arts.get(name) != receipt.artifacts.get(name):
-            raise RecordMismatch(row.id, f"artifacts.{name}", expected=receipt.artifacts.get(name),
+            raise RecordMismatch(rid, f"artifacts.{name}", expected=receipt.artifacts.get(name),
                                  actual=stored_arts.get(name))
     return receipt
 
@@ -113,6 +133,10 @@ class _Known:
     """What a :class:`Verifier` has established: only what held (a failure raises and ends the verification)."""
 
     rows: dict[_RowKey, Receipt] = field(default_factory=dict)  # everything check_row reads -> its receipt
+    receipts: dict[str, tuple[int, Receipt]] = field(default_factory=dict)  # id -> (seq, receipt), rows checked
+    prepares: dict[str, tuple[str, ...]] = field(default_factory=dict)  # id -> the prepares of its ancestry, by seq
+    # (the prepares of an ancestry, a prepared digest) -> those of that digest: one tuple shared by most receipts
+    same_digest: dict[tuple[tuple[str, ...], str | None], tuple[str, ...]] = field(default_factory=dict)
     chained: set[str] = field(default_factory=set)  # receipts whose chain rule held
     # (receipt, the prepare receipts of its digest in the closure) -> what its kind checks said. Checks read the
     # receipt's ancestry, and some look its prepare receipt up in the whole closure: with that in the key, a check
@@ -131,6 +155,7 @@ def _checked_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRe
     receipt = known.rows.get(key)
     if receipt is None:
         receipt = known.rows[key] = check_row(row, edges, arts)
+    known.receipts[row.id] = (row.seq, receipt)
     return receipt
 
 
@@ -228,6 +253,10 @@ class Verifier:
 
     def verify(self, ref: str, *, progress: Callable[[str], None] | None = None) -> VerifyReport:
         """Verify the receipt ``ref`` (id or unique prefix) and every ancestor, as :func:`verify_receipt` does."""
+        with _cycles_collected_after():
+            return self._verify(ref, progress)
+
+    def _verify(self, ref: str, progress: Callable[[str], None] | None) -> VerifyReport:
         known = self._known
         rid = self.store.resolve(ref)
         with self._states.active():  # each checkpoint state is read once, by whichever check needs it first
@@ -237,6 +266,8 @@ class Verifier:
                 if r.id not in known.chained:
                     chain.check_receipt(r, closure)
                     known.chained.add(r.id)
+                if r.id not in known.prepares:  # parents first: theirs are known
+                    known.prepares[r.id] = _prepares(r, known)
             report = VerifyReport(receipt=rid, receipts_checked=len(ordered))
             if self.artifacts is None:
                 return report
@@ -256,6 +287,149 @@ class Verifier:
             first = report.missing[0]
             raise MissingArtifact(first.digest, f"{first.name} of receipt {first.receipt}", first.location)
         return report
+
+    def verify_many(self, ids: Iterable[str], *, progress: Callable[[str], None] | None = None) -> list[str]:
+        """Verify each of the stored ``ids`` in turn, as :meth:`verify` would (the first failure raises), and return
+        the lines of the kind checks that ran; receipts verified before are skipped.
+
+        Made for many receipts (an audit verifies every receipt of an experiment): their rows are read a batch at a
+        time, and a receipt whose parents are all verified is checked alone (row, chain rule, kind checks,
+        artifacts), not through its whole ancestry again. Anything else (a parent not verified yet, edges that
+        disagree with the body, an id that is not a digest) goes through :meth:`verify`."""
+        with _cycles_collected_after():
+            return self._verify_many(ids, progress)
+
+    def _verify_many(self, ids: Iterable[str], progress: Callable[[str], None] | None) -> list[str]:
+        with self._states.active():
+            return self._verify_batches(ids, progress)
+
+    def _verify_batches(self, ids: Iterable[str], progress: Callable[[str], None] | None) -> list[str]:
+        known = self._known
+        lines: list[str] = []
+        todo = [rid for rid in dict.fromkeys(ids) if rid not in known.chained]
+        for start in range(0, len(todo), _BATCH):
+            batch = [rid for rid in todo[start : start + _BATCH] if rid not in known.chained]
+            rows, edges, arts = self.store.raw_rows([rid for rid in batch if digests.is_digest(rid)])
+            by_id = {row.id: row for row in rows}
+            by_child: dict[str, list[ParentEdge]] = {}
+            for e in edges:
+                by_child.setdefault(e.child, []).append(e)
+            by_receipt: dict[str, list[ArtifactRef]] = {}
+            for a in arts:
+                by_receipt.setdefault(a.receipt, []).append(a)
+            for rid in batch:
+                if rid in known.chained:  # verified meanwhile, as an ancestor of an earlier one
+                    continue
+                if progress:
+                    progress(f"verifying {rid[:19]}")
+                row = by_id.get(rid)
+                alone = self._alone(row, by_child.get(rid, []), by_receipt.get(rid, [])) if row is not None else None
+                lines.extend(self.verify(rid).checks if alone is None else alone)
+        return lines
+
+    def _alone(self, row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> list[str] | None:
+        """Verify one stored receipt whose parents this verifier has all verified, as :meth:`verify` would (the
+        rest of its ancestry held already); None, having checked nothing but its row, when that does not apply."""
+        known = self._known
+        receipt = check_row(row, edges, arts)  # a new row: no cache to look in, nor to fill (verify has its own)
+        known.receipts[receipt.id] = (vars(row).get("seq") or row.seq, receipt)
+        parents = receipt.parents
+        if len(edges) != len(parents) or sorted(e.parent for e in edges) != list(parents):
+            return None
+        for p in parents:
+            if p not in known.artifacts or p not in known.prepares or p not in known.chained:
+                return None
+        chain.check_receipt(receipt, {p: known.receipts[p][1] for p in receipt.parents})
+        known.chained.add(receipt.id)
+        prepares = known.prepares[receipt.id] = _prepares(receipt, known)
+        if self.artifacts is None:
+            return []
+        same = known.same_digest.get((prepares, receipt.prepared))
+        if same is None:  # one tuple per (ancestry's prepares, digest): most receipts share it
+            same = known.same_digest[(prepares, receipt.prepared)] = tuple(
+                x for x in prepares if known.receipts[x][1].prepared == receipt.prepared)
+        key = (receipt.id, same)
+        lines = known.checked.get(key)
+        if lines is None:
+            ctx = KindCheckContext(self.store, receipt, _Ancestry(receipt, known),  # type: ignore[arg-type]
+                                   self.artifacts, self.require_artifacts, self.rescore, self.rescore_seed,
+                                   self.runner, self._memo)
+            lines = [line for check in checks_for(receipt.kind) for line in check(ctx)]
+            known.checked[key] = lines
+        if receipt.artifacts:
+            found = check_artifacts(self.store, [receipt], self.artifacts, _known=known, _memo=self._memo)
+        else:
+            found = known.artifacts[receipt.id] = []
+        if self.require_artifacts:
+            missing = [a for a in found if a.status == "missing"]
+            if missing:
+                first = missing[0]
+                raise MissingArtifact(first.digest, f"{first.name} of receipt {first.receipt}", first.location)
+        return lines
+
+
+_BATCH = 2000  # rows read at a time by Verifier.verify_many
+
+
+@contextmanager
+def _cycles_collected_after() -> Iterator[None]:
+    """No cyclic garbage collection while verifying. A verification keeps what it established (receipts, digests:
+    many long-lived objects) and makes few reference cycles; the collector's passes over the growing heap cost a
+    sixth of an audit and half of verifying a receipt among 100,000 (benchmarks/README.md, audit_bench). Reference
+    counting frees everything else as usual; cycles wait for the next collection after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _prepares(r: Receipt, known: _Known) -> tuple[str, ...]:
+    """The prepare receipts of ``r``'s ancestry (``r`` included), in append order, from its parents' (known)."""
+    if r.kind != "prepare" and len({known.prepares[p] for p in r.parents}) == 1:
+        return known.prepares[r.parents[0]]  # one parent, or parents of one prepare: the same tuple
+    found = {x for p in r.parents for x in known.prepares[p]}
+    if r.kind == "prepare":
+        found.add(r.id)
+    return tuple(sorted(found, key=lambda x: known.receipts[x][0]))
+
+
+class _Ancestry(Mapping[str, Receipt]):
+    """A receipt's verified ancestry as its kind checks see it (``KindCheckContext.closure``), from what the
+    verifier holds: its parents at once, the whole ancestry (in append order, as a loaded closure is) only when a
+    check asks for more than a parent."""
+
+    def __init__(self, receipt: Receipt, known: _Known) -> None:
+        self._receipt = receipt
+        self._known = known
+        self._all: dict[str, Receipt] | None = None
+
+    def _everything(self) -> dict[str, Receipt]:
+        if self._all is None:
+            seen = {self._receipt.id: self._receipt}
+            todo = list(self._receipt.parents)
+            while todo:
+                pid = todo.pop()
+                if pid not in seen:
+                    seen[pid] = self._known.receipts[pid][1]
+                    todo.extend(seen[pid].parents)
+            self._all = {rid: seen[rid] for rid in sorted(seen, key=lambda rid: self._known.receipts[rid][0])}
+        return self._all
+
+    def __getitem__(self, rid: str) -> Receipt:
+        if rid == self._receipt.id:
+            return self._receipt
+        if rid in self._receipt.parents:
+            return self._known.receipts[rid][1]
+        return self._everything()[rid]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._everything())
+
+    def __len__(self) -> int:
+        return len(self._everything())
 
 
 def check_artifacts(
@@ -297,7 +471,7 @@ def check_artifacts(
     def receipt_of(rid: str) -> Receipt:
         return memo.once(("receipt", rid), lambda: store.get(rid).receipt)
 
-    own = {r.id: recorded_by(r.id) for r in todo}
+    own = {r.id: recorded_by(r.id) if r.artifacts else {} for r in todo}  # nothing to locate, nothing to ask
     # Two passes: first every receipt's own evidence (the content-addressed path and the places it recorded), then
     # the other recorded copies of each digest; so a bad copy is named by the receipt it belongs to.
     plan: list[tuple[bool, Receipt, str, str, list[tuple[Path, bool]]]] = []

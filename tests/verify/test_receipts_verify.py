@@ -485,3 +485,55 @@ def flip_bit_in(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
+
+
+def _notes_on(db: Path, count: int) -> list[str]:
+    """``count`` notes appended under the ledger's prepare receipt, each citing the one before."""
+    with Store.open(db) as store:
+        prepare = store.find(kind="prepare")[-1].receipt
+        prev, notes = prepare, []
+        for i in range(count):
+            prev = make_receipt("note", run="many", step=i, prepared=prepare.prepared, parents=[prev],
+                                measurements={"i": i})
+            notes.append(prev)
+        store.append_many(notes)
+    return [n.id for n in notes]
+
+
+def test_verify_many_checks_what_one_verify_each_does(ledger_db: Path, tmp_path: Path) -> None:
+    from verify.receipts import Verifier
+
+    checkpoint_ledger(ledger_db, tmp_path)
+    _notes_on(ledger_db, 30)
+    with Store.open(ledger_db) as store:
+        arts = ArtifactStore(default_root(store.url))
+        ids = store.ids(prepared=store.find(kind="prepare")[-1].receipt.prepared)
+        one_by_one = Verifier(store, arts, require_artifacts=True)
+        expected = sorted({line for rid in ids for line in one_by_one.verify(rid).checks})
+        many = Verifier(store, arts, require_artifacts=True)
+        assert sorted(set(many.verify_many(ids))) == expected
+        assert many.chained == one_by_one.chained == set(ids)
+
+
+@pytest.mark.parametrize("tamper", ["body", "edge", "artifact"])
+def test_verify_many_fails_as_one_verify_each_does(ledger_db: Path, tmp_path: Path, tamper: str) -> None:
+    from verify.receipts import Verifier
+
+    tips, dirs = checkpoint_ledger(ledger_db, tmp_path)
+    notes = _notes_on(ledger_db, 12)
+    if tamper == "body":
+        sql(ledger_db, "UPDATE receipts SET body = replace(body, '\"i\":7', '\"i\":8') WHERE id = ?", notes[7])
+    elif tamper == "edge":
+        sql(ledger_db, f"UPDATE receipt_parents SET parent_seq = {SEQ} WHERE child_seq = {SEQ}", notes[2], notes[9])
+    else:
+        flip_bit_in(dirs["step6"] / "model.safetensors")
+    with Store.open(ledger_db) as store:
+        arts = ArtifactStore(default_root(store.url))
+        ids = store.ids(prepared=store.find(kind="prepare")[-1].receipt.prepared)
+        with pytest.raises(VerificationError) as one_each:
+            verifier = Verifier(store, arts, require_artifacts=True)
+            for rid in ids:
+                verifier.verify(rid)
+        with pytest.raises(VerificationError) as many:
+            Verifier(store, arts, require_artifacts=True).verify_many(ids)
+    assert type(many.value) is type(one_each.value) and many.value.one_line() == one_each.value.one_line()
