@@ -257,6 +257,7 @@ class HFCausalLM(nn.Module):
         self.max_len = max_len if max_len is not None else limit
         self.vocab_size = int(config.vocab_size)
         self.dropout_generator: torch.Generator | None = None  # HF dropout draws from the (seeded) global RNG
+        self.train(inner.training)  # one mode for wrapper and model, so _eval_mode restores the right one
 
     def forward(self, idx: Tensor) -> Tensor:
         if idx.shape[1] > self.max_len:

@@ -53,7 +53,7 @@ def test_loading_is_strict_and_names_the_dotted_key(values: dict[str, Any], mess
 @pytest.mark.parametrize(("values", "message"), [
     ({"model": {"kind": "gpt"}}, "model.kind must be 'tiny' or 'hf', got 'gpt'"),
     ({"model": {"kind": "hf"}}, "model.path is required when model.kind = 'hf'"),
-    ({"model": {"d_model": 30}}, "model.d_model (30) must be a positive multiple of model.n_heads (8)"),
+    ({"model": {"d_model": 30}}, "model.d_model (30) must be a positive multiple of model.n_heads (4)"),
     ({"model": {"n_layers": 0}}, "model.n_layers and model.d_ff must be positive"),
     ({"model": {"dropout": 1.0}}, "model.dropout must be in [0, 1), got 1.0"),
     ({"model": {"init_std": 0}}, "model.init_std must be positive"),
@@ -61,7 +61,10 @@ def test_loading_is_strict_and_names_the_dotted_key(values: dict[str, Any], mess
     ({"pretrain": {"threads": 0}}, "pretrain.steps >= 0, pretrain.batch_size > 0, pretrain.threads > 0"),
     ({"data": {"eval_per_variant": 0}}, "data.train_per_variant and data.eval_per_variant must be positive"),
     ({"data": {"retention_probes": -1}}, "data.retention_probes must be >= 0"),
-    ({"train": {"global_batch": 30}}, "train.global_batch (30) must be a positive multiple of train.world (4)"),
+    ({"train": {"global_batch": 30, "pretrain_mix": 0.0}},
+     "train.global_batch (30) must be a positive multiple of train.world (4)"),
+    ({"train": {"global_batch": 30}}, "train.pretrain_mix (0.5) x train.global_batch (30) must be a whole number of "
+     "windows and a multiple of train.world (4)"),
     ({"train": {"checkpoint_every": 0}}, "train.checkpoint_every, threads_per_rank > 0"),
     ({"train": {"loss_on": "prompt"}}, "train.loss_on must be 'answer' or 'all', got 'prompt'"),
     ({"train": {"schedule": "linear"}}, "train.schedule must be 'cosine' or 'constant', got 'linear'"),
