@@ -21,6 +21,9 @@ The state file (``/run/ledger-hosts/<prefix>.json``, on tmpfs like the namespace
 anything is made; ``down`` also finds every namespace of the network by name, so it cleans up after a crash of
 ``up`` or of anything running on the hosts, and is idempotent. ``fail_host`` makes a host die mid-run (its link,
 processes and namespace go at once) and ``up`` with the same settings recreates it.
+
+A ledger server reached over the network sits at the switch (the operator's seat, where the command that starts
+the ranks runs too); ``check_ledger_reach`` refuses a ledger URL that the hosts or the caller cannot reach.
 """
 
 from __future__ import annotations
@@ -431,6 +434,51 @@ def in_namespace(namespace: str, fn: Callable[[], T]) -> T:
     return cast(T, result["value"])
 
 
+def is_current_namespace(namespace: str) -> bool:
+    """Whether the calling thread is in the named network namespace (``ip netns exec``, or :func:`in_namespace`)."""
+    try:
+        here, there = os.stat("/proc/thread-self/ns/net"), os.stat(f"/run/netns/{namespace}")
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def check_ledger_reach(url: str, hs: HostSet) -> None:
+    """Raise InputError unless both the ranks on ``hs`` and this process can reach the ledger ``url``.
+
+    An SQLite file or a PostgreSQL unix socket is found through the shared file system. A server over TCP must be
+    inside the hosts' subnet (they have one link, no default route and no DNS; the switch's address, where a server
+    sits as on a cluster's database machine, or a host's), and this process must be at the switch or on a host:
+    the machine's own namespace has no route to the subnet (docs/hosts.md)."""
+    if "://" not in url or url.startswith("sqlite"):
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise InputError(f"ledger URL: {exc}") from exc
+    host = parsed.host or parsed.query.get("host")
+    if not isinstance(host, str) or not host or host.startswith("/"):
+        return  # a unix socket (or several hosts, which the driver resolves): nothing to say here
+    net = hs.network
+    names = {net.switch: net.switch_address, **{h.name: h.address for h in hs.hosts}}
+    address = names.get(host, host)
+    subnet = ipaddress.ip_network(net.subnet)
+    try:
+        inside = ipaddress.ip_address(address) in subnet
+    except ValueError:
+        inside = False  # a name the hosts cannot resolve: /etc/netns names only the switch and the hosts
+    if not inside:
+        raise InputError(f"the test hosts cannot reach the ledger at {host}: their one link is to {net.subnet}; "
+                         f"run the database server at the switch, listening on {net.switch_address} "
+                         f"(docs/hosts.md)")
+    if not any(is_current_namespace(ns) for ns in (net.switch, *(h.name for h in hs.hosts))):
+        raise InputError(f"this process cannot reach the ledger at {host}: the machine's own network namespace "
+                         f"has no route to {net.subnet}; run the command at the operator's seat: "
+                         f"ip netns exec {net.switch} ledger ...")
+
 
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (from /proc's parent links), children before grandchildren."""
@@ -461,6 +509,6 @@ def kill_tree(pid: int, *, include_root: bool = True) -> None:
             pass
 
 
-__all__ = ["DEFAULT_RATE", "Host", "HostSet", "HostsUnavailable", "Network", "check_available", "descendants",
-           "down", "ensure", "fail_host", "in_namespace", "kill_tree", "load", "namespaces", "rate_bits", "require",
-           "status", "up"]
+__all__ = ["DEFAULT_RATE", "Host", "HostSet", "HostsUnavailable", "Network", "check_available", "check_ledger_reach",
+           "descendants", "down", "ensure", "fail_host", "in_namespace", "is_current_namespace", "kill_tree", "load",
+           "namespaces", "rate_bits", "require", "status", "up"]

@@ -65,6 +65,15 @@ class Cluster:
     port: int | None = None
     password: str | None = None
 
+    @property
+    def log(self) -> Path:
+        """The server's log file."""
+        return self.socket_dir / "server.log"
+
+    def socket_url(self, database: str = "postgres") -> str:
+        """The database's URL through the unix socket (trusted; reachable from any network namespace)."""
+        return f"postgresql+psycopg://{self.user}@/{database}?host={self.socket_dir}&port={self.port or 5432}"
+
     def url(self, database: str = "postgres") -> str:
         """The database's URL: over TCP when the server listens on an address, else through its socket."""
         if self.host is not None:
@@ -134,17 +143,26 @@ def _free_port(host: str) -> int:
 
 @contextmanager
 def throwaway_cluster(*, durable: bool = False, listen: str | None = None,
-                      options: Sequence[str] = ()) -> Iterator[Cluster]:
+                      options: Sequence[str] = (), netns: str | None = None, port: int | None = None,
+                      clients: Sequence[str] = ()) -> Iterator[Cluster]:
     """Start a new cluster in a temporary directory; stop it and delete everything on exit.
 
     ``durable=False`` (tests) turns fsync off: nothing here outlives the process. A benchmark comparing against
     SQLite with ``synchronous=FULL`` passes ``durable=True`` so that every commit reaches the disk on both.
-    ``listen`` (an address, e.g. ``127.0.0.1``) also opens a TCP port there, with a random password (SCRAM), for
-    clients that reach the server over the network; the socket alone is trusted. ``options`` are extra
-    ``-c name=value`` server settings. Raises :class:`PostgresUnavailable` when the server cannot run here, and
-    ``RuntimeError`` (with the server's log) when it fails to start.
+    ``listen`` (an address, e.g. ``127.0.0.1``) also opens a TCP port there (``port``, default a free one), with a
+    random password (SCRAM), for clients that reach the server over the network; the socket alone is trusted.
+    ``clients`` are the networks (CIDR) allowed in besides loopback, e.g. the namespace hosts' subnet.
+    ``netns`` runs the server in that named network namespace (``ip netns exec``, root only): the namespace hosts'
+    switch, to listen on the bridge address, which exists only there; its unix socket stays reachable from here
+    (a socket file is found through the file system, not the network), and ``port`` defaults to 5432 there,
+    since only our processes run in it. ``options`` are extra ``-c name=value`` server settings. Raises
+    :class:`PostgresUnavailable` when the server cannot run here, and ``RuntimeError`` (with the server's log)
+    when it fails to start.
     """
+    if netns is not None and listen is None:
+        raise ValueError("netns: a server in a network namespace is there to listen on one of its addresses")
     initdb, pg_ctl, as_user, uid = _server_command()
+    in_netns = [] if netns is None else ["ip", "netns", "exec", netns]
     base = Path(tempfile.mkdtemp(prefix="ledger-pg-", dir=_scratch_parent(durable, as_root=uid is not None)))
     if uid is not None:
         os.chown(base, uid, -1)
@@ -153,9 +171,9 @@ def throwaway_cluster(*, durable: bool = False, listen: str | None = None,
     fast = ["fsync=off", "full_page_writes=off", "synchronous_commit=off", "max_wal_size=256MB"]
     settings = [f"listen_addresses='{listen or ''}'", *([] if durable else fast), *options]
     auth = ["--auth=trust"]
-    port = password = None
+    password = None
     if listen is not None:
-        port, password = _free_port(listen), secrets.token_hex(16)
+        port, password = port or (5432 if netns is not None else _free_port(listen)), secrets.token_hex(16)
         pwfile = base / "password"
         pwfile.write_text(password + "\n")
         if uid is not None:
@@ -168,8 +186,11 @@ def throwaway_cluster(*, durable: bool = False, listen: str | None = None,
                                "--locale=C", "--no-sync"], capture_output=True, text=True, timeout=120)
         if made.returncode != 0:
             raise RuntimeError(f"initdb failed: {made.stderr.strip()}")
+        if clients:  # initdb allows loopback only; the file stays the server user's (appending keeps its owner)
+            with open(data / "pg_hba.conf", "a") as hba:
+                hba.writelines(f"host all all {c} scram-sha-256\n" for c in clients)
         server_options = " ".join([f"-k {base}", *(f"-c {s}" for s in settings)])
-        start = subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(log), "-w", "-t", "60",
+        start = subprocess.run([*in_netns, *as_user, pg_ctl, "-D", str(data), "-l", str(log), "-w", "-t", "60",
                                 "-o", server_options, "start"], capture_output=True, text=True, timeout=120)
         if start.returncode != 0:
             server_log = log.read_text(errors="replace") if log.exists() else ""

@@ -10,7 +10,7 @@ only when every contract passes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ledger import digests
@@ -26,12 +26,50 @@ TRAINING_SCOPE = ("Matched topology, data and global batch; active time includes
                   "with checkpoint and whole-process cost reported separately")
 TIMING_SCOPE = ("Maximum over ranks of summed local update and sync durations. Checkpoint and loop durations are "
                 "separate; process start-up and initial model loading are outside the loop")
-NETWORK_SCOPE = ("sent_bytes: payload bytes each rank contributed to collectives, counted exactly at every call; "
-                 "interface_bytes: whole-host /proc/net/dev counters over the rank's loop (loopback included, since "
-                 "the ranks share one host here)")
+_SENT_SCOPE = "sent_bytes: payload bytes each rank contributed to collectives, counted exactly at every call; "
+# The ranks of every multi-rank arm on one host (or no host recorded): the text of reports made before it said more.
+NETWORK_SCOPE = (_SENT_SCOPE + "interface_bytes: whole-host /proc/net/dev counters over the rank's loop (loopback "
+                 "included, since the ranks share one host here)")
 SERVING_STATUS = "not run: no serve-summary receipt in the ledger, so serving is not approved"
 
 Pick = Callable[..., Receipt | None]
+
+
+def network_scope(placements: Mapping[str, Sequence[str | None]]) -> str:
+    """What the network figures measure, from where each rank ran: ``placements`` maps each multi-rank arm to its
+    ranks' recorded hosts (``binding.host`` of their train-end receipts, in rank order; None where none is recorded).
+
+    Each arm's ranks on one host, or a host not recorded: ``NETWORK_SCOPE``. Every arm's ranks one per host, on the
+    same hosts: says so and names them. Anything else: each arm's ranks and hosts. A function of the receipts alone,
+    so the audit rebuilds the same text."""
+    if any(h is None for hs in placements.values() for h in hs) or all(len(set(hs)) <= 1
+                                                                       for hs in placements.values()):
+        return NETWORK_SCOPE
+    layouts = {tuple(str(h) for h in hs) for hs in placements.values()}
+    hosts = next(iter(layouts))
+    if len(layouts) == 1 and len(set(hosts)) == len(hosts):
+        return (_SENT_SCOPE + "interface_bytes: each rank's own host's /proc/net/dev counters over its loop (loopback "
+                f"included). The ranks of {' and '.join(placements)} ran one per host, on {len(hosts)} separate "
+                f"hosts ({', '.join(hosts)}, as their bindings record), so each host's own interfaces carry its "
+                "rank's collectives and whatever else that host sent: headers, acknowledgements, rendezvous and "
+                "ledger traffic")
+    where = "; ".join(f"{arm}: {len(hs)} ranks on {', '.join(dict.fromkeys(str(h) for h in hs))}"
+                      for arm, hs in placements.items())
+    return (_SENT_SCOPE + "interface_bytes: each rank's host's /proc/net/dev counters over its loop (loopback "
+            f"included; ranks that share a host count each other's traffic). Where the ranks ran, as their bindings "
+            f"record: {where}")
+
+
+def _placements(store: Store, summaries: Mapping[str, Receipt]) -> dict[str, list[str | None]]:
+    """Each multi-rank arm's ranks' hosts, from the train-end receipts its summary cites, in rank order."""
+    out: dict[str, list[str | None]] = {}
+    for arm, summary in summaries.items():
+        if ARMS[arm].world < 2:
+            continue
+        ends = sorted((e for e in (store.get(p).receipt for p in summary.parents)
+                       if e.kind == "train-end" and e.run == summary.run), key=lambda e: e.rank or 0)
+        out[arm] = [e.measurements.get("binding", {}).get("host") for e in ends]
+    return out
 
 
 def _picker(store: Store, prepared: str, among: list[Receipt] | None) -> Pick:
@@ -47,8 +85,9 @@ def _picker(store: Store, prepared: str, among: list[Receipt] | None) -> Pick:
 # --------------------------------------------------------------------------------------------- sections
 
 
-def training_section(pick: Pick, contract: Receipt) -> tuple[dict[str, Any], list[Receipt]]:
-    """The reference's ``training`` section from each arm's summary of its ``train/<arm>`` run."""
+def training_section(pick: Pick, contract: Receipt, store: Store) -> tuple[dict[str, Any], list[Receipt]]:
+    """The reference's ``training`` section from each arm's summary of its ``train/<arm>`` run; its network scope
+    says where the ranks ran, from the train-end receipts the summaries cite."""
     summaries = {arm: pick("arm-summary", lambda r, arm=arm: r.measurements.get("arm") == arm
                            and r.run == f"train/{arm}") for arm in ARMS}
     present = {a: s for a, s in summaries.items() if s is not None}
@@ -74,7 +113,7 @@ def training_section(pick: Pick, contract: Receipt) -> tuple[dict[str, Any], lis
         "conditions": conditions,
         "efficiency_contract_passed": all(conditions.values()) and len(present) == len(ARMS),
         "missing_arms": [a for a in ARMS if a not in present],
-        "network_scope": NETWORK_SCOPE,
+        "network_scope": network_scope(_placements(store, present)),
         "ratios": r,
         "scope": TRAINING_SCOPE,
         "thresholds": dict(limits),
@@ -131,7 +170,7 @@ def build_report(store: Store, prepared: str,
     contract = pick("contract")
     if contract is None:
         raise InputError(f"no contract receipt for prepared {prepared}: contracts are recorded before training")
-    training, t_cited = training_section(pick, contract)
+    training, t_cited = training_section(pick, contract, store)
     recovery, r_cited = recovery_section(store, pick)
     learning, l_cited = learning_section(pick)
     serving, s_cited = serving_section(pick)

@@ -119,6 +119,20 @@ def test_host_commands_put_rank_k_on_host_k() -> None:
                    "MASTER_ADDR": "10.231.9.100", "MASTER_PORT": "29999"}
 
 
+def test_the_ledger_must_be_reachable_from_the_hosts() -> None:
+    hs = HostSet(NET, "100mbit", tuple(NET.host(k) for k in range(4)))
+    for fine in ("ledger.db", "sqlite:////tmp/x.db", "postgresql+psycopg://u@/ledger?host=/tmp/sock"):
+        hosts.check_ledger_reach(fine, hs)  # through the shared file system
+    for outside in ("127.0.0.1", "localhost", "10.231.7.1", "db.example.com"):
+        with pytest.raises(InputError, match="the test hosts cannot reach the ledger at .* listening on 10.231.9.1"):
+            hosts.check_ledger_reach(f"postgresql+psycopg://u:p@{outside}:5432/ledger", hs)
+    # The switch's address (or name) is where the hosts reach a server; this process, in the machine's own
+    # namespace, has no route there.
+    for inside in (NET.switch_address, NET.switch, hs[2].address):
+        with pytest.raises(InputError, match=f"operator's seat: ip netns exec {NET.switch} ledger"):
+            hosts.check_ledger_reach(f"postgresql+psycopg://u:p@{inside}:5432/ledger", hs)
+
+
 # ------------------------------------------------------------------------------------------------ namespaces
 
 
@@ -447,3 +461,117 @@ def test_recovery_after_a_host_dies(cluster: Cluster) -> None:
         fault = next(store.get(p).receipt for p in result.summary.parents if store.get(p).receipt.kind == "fault")
     assert fault.measurements["host_removed"] == f"{TRAIN_NET.prefix}-h1"
     assert all(h["up"] for h in hosts.status(TRAIN_NET)["hosts"])  # recreated for the restart, and still up
+
+
+# ------------------------------------------------------------------------ a PostgreSQL ledger over the hosts' network
+
+# Who appended each receipt, as the server saw it: inet_client_addr() is the client's address over TCP, NULL
+# through the unix socket. A side table of the test's own, filled by a trigger on the ledger's receipts table.
+ORIGIN_SQL = (
+    "CREATE SCHEMA origin",
+    "CREATE TABLE origin.receipts (id text PRIMARY KEY, client inet)",
+    "CREATE FUNCTION origin.note() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$BEGIN INSERT INTO origin.receipts VALUES (NEW.id, inet_client_addr()); RETURN NEW; END$$",
+    "CREATE TRIGGER origin AFTER INSERT ON public.receipts FOR EACH ROW EXECUTE FUNCTION origin.note()",
+)
+
+
+@pytest.fixture
+def ledger_server(cluster: Cluster) -> Iterator[Any]:
+    """A throw-away PostgreSQL server at the hosts' switch (the operator's seat): it listens on the bridge address
+    only and lets the hosts' subnet in with a password. Skips where PostgreSQL cannot run; fails when CI=true."""
+    from tests.pg import PostgresUnavailable, in_ci, throwaway_cluster
+
+    net = cluster.hosts.network
+    try:
+        with throwaway_cluster(listen=net.switch_address, netns=net.switch, clients=[net.subnet]) as server:
+            yield server
+            return
+    except PostgresUnavailable as exc:
+        reason = str(exc)
+    if in_ci():
+        pytest.fail(f"CI=true but PostgreSQL cannot run: {reason}", pytrace=False)
+    pytest.skip(f"PostgreSQL cannot run here: {reason}")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_every_host_appends_to_postgresql_over_the_network(cluster: Cluster, ledger_server: Any, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks, one per host, append their own receipts to a PostgreSQL server at the switch over TCP, and the
+    operator (prepare, the arm summary, the audit) works at the switch too, as `ip netns exec <switch> ledger ...`
+    does (docs/hosts.md). The server says who appended what; the audit verifies the ledger and its report says the
+    ranks ran on separate hosts; the digests are those of the SQLite ledger's run."""
+    import tomllib
+
+    import psycopg
+
+    from ledger.errors import RunFailed
+    from ledger.experiment.config import config_from_dict
+    from ledger.store import Store
+    from runners.prepare import pinned_threads, prepare
+    from runners.train import summarize_arm, train_arm
+    from tests.pg import raw_rows
+
+    net, run, work = cluster.hosts.network, "train/ddp-four", tmp_path / "postgres"
+    hs = replace(cluster.hosts, launcher="env")  # the workers alone: four fewer processes, the same bits
+    tcp = ledger_server.create_database("hosts_ledger")  # postgresql+psycopg://postgres:...@<switch address>/...
+    admin = ledger_server.socket_url("hosts_ledger")  # the test's own view, through the socket
+    Store.open(admin, create=True).close()
+    with psycopg.connect(admin.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+        for statement in ORIGIN_SQL:
+            conn.execute(statement)
+    with pytest.raises(InputError, match="operator's seat"):
+        hosts.check_ledger_reach(tcp, hs)  # not from here: the machine's namespace has no route to the subnet
+    monkeypatch.setenv("LEDGER_ARTIFACTS", str(work / "artifacts"))  # what `ledger run` sets for a URL
+
+    def train_at_the_switch() -> str:
+        hosts.check_ledger_reach(tcp, hs)
+        with Store.open(tcp) as store, pinned_threads(1):
+            prepared = prepare(config_from_dict(tomllib.loads(TINY)), work, store).prepared
+        t0 = time.perf_counter()
+        try:
+            train_arm(work, tcp, "ddp-four", run=run, prepared=prepared, timeout=60.0, hosts=hs)
+        except RunFailed as failed:
+            pytest.fail(f"{failed}\n" + "\n".join(p.read_text()[-2000:] for p in sorted(Path(failed.logs).glob("*"))))
+        print(f"{run} on PostgreSQL: {time.perf_counter() - t0:.1f} s")
+        with Store.open(tcp) as store:
+            summarize_arm(store, prepared, "ddp-four", run)
+        return prepared
+
+    def audit_at_the_switch() -> dict[str, Any]:
+        audited = runner.invoke(app, ["audit", "--db", tcp, "--json"])
+        assert audited.exit_code == 0, audited.output
+        value = json.loads(audited.stdout)
+        verified = runner.invoke(app, ["verify", "--db", tcp, "--require-artifacts", value["audit"]])
+        assert verified.exit_code == 0, verified.output  # the report rebuilt from the ledger, every field equal
+        return dict(value["report"])
+
+    assert hosts.in_namespace(net.switch, train_at_the_switch) == cluster.prepared  # the same experiment
+
+    rows = raw_rows(admin, "SELECT r.kind, r.rank, host(o.client) FROM receipts r JOIN origin.receipts o USING (id) "
+                           "WHERE r.run = :run", {"run": run})
+    by_rank: dict[int, set[str]] = {}
+    for kind, rank, client in rows:
+        if kind == "arm-summary":
+            assert client == net.switch_address  # the operator's own append
+        else:  # each rank's receipts came from its own host's address, over TCP (NULL would be the socket)
+            assert client == hs[rank].address, (kind, rank, client)
+            by_rank.setdefault(rank, set()).add(kind)
+    assert by_rank == {k: {"train-start", "checkpoint", "train-end"} for k in range(4)}
+    clients = {c for (c,) in raw_rows(admin, "SELECT DISTINCT host(client) FROM origin.receipts")}
+    assert clients == {net.switch_address, *(h.address for h in hs.hosts)}  # everything came over the network
+    assert raw_rows(admin, "SHOW listen_addresses") == [(net.switch_address,)]  # the bridge's address only
+
+    report = hosts.in_namespace(net.switch, audit_at_the_switch)
+    scope = report["training"]["network_scope"]
+    assert "ddp-four ran one per host, on 4 separate hosts" in scope and f"{net.prefix}-h3" in scope
+    with Store.open(admin) as store:
+        ends = {s.receipt.rank or 0: s.receipt for s in store.find(kind="train-end", run=run)}
+    on_sqlite = _on_hosts(cluster, "ddp-four")
+    for rank in range(4):
+        assert ends[rank].measurements["binding"]["host"] == f"{net.prefix}-h{rank}"
+        assert ends[rank].artifacts == on_sqlite[rank].artifacts, rank  # the ledger's engine changes no bit
+        pg, lite = (e.measurements["interface_bytes"]["eth0"] for e in (ends[rank], on_sqlite[rank]))
+        print(f"host {rank} eth0 over the loop, PostgreSQL ledger - SQLite: tx {pg['tx'] - lite['tx']:+,} B, "
+              f"rx {pg['rx'] - lite['rx']:+,} B")
