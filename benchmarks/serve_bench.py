@@ -56,7 +56,7 @@ def prepare_experiment(root: Path, model: str) -> tuple[ReplicaSpec, list[dict[s
     config = config_from_dict({
         "data": {"train_per_variant": 8, "eval_per_variant": 4, "retention_probes": 4},
         "model": MODELS[model],
-        "pretrain": {"steps": 3, "batch_size": 2, "seq_len": 32},
+        "pretrain": {"steps": 3, "batch_size": 2, "seq_len": 32, "task_documents": 8},
     })
     with Store.open(root / "ledger.db", create=True) as store, pinned_threads(1):
         result = prepare(config, root, store)

@@ -58,7 +58,7 @@ def bench_config(steps: int, checkpoint_every: int, inner_steps: int | None) -> 
         train["diloco"] = {"inner_steps": inner_steps}
     return config_from_dict({
         "data": {"train_per_variant": 64, "eval_per_variant": 2, "retention_probes": 8},
-        "pretrain": {"steps": 10},
+        "pretrain": {"steps": 10, "task_documents": 64},
         "train": train,
     })
 

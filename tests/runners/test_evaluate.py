@@ -34,7 +34,7 @@ from verify import statistics as st
 TINY: dict[str, Any] = {
     "data": {"train_per_variant": 24, "eval_per_variant": 2, "retention_probes": 12},
     "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 64},
-    "pretrain": {"steps": 12, "batch_size": 4, "seq_len": 32},
+    "pretrain": {"steps": 12, "batch_size": 4, "seq_len": 32, "task_documents": 24},
     "eval": {"max_new_tokens": 12, "batch_size": 8},
 }
 # Per arm: (steps, learning rate). The arms memorise the selection itself (a test of the evaluation machinery, not

@@ -44,6 +44,8 @@ steps = 6
 batch_size = 4
 seq_len = 32
 task_documents = 24
+[train]
+pretrain_window = 32
 [contract.quality]
 minimum_accuracy_gain_vs_seed = 0.2
 """
@@ -68,7 +70,8 @@ def test_example_config_equals_the_defaults() -> None:
 
 def test_config_loading_is_strict_and_round_trips(tiny_toml: Path, tmp_path: Path) -> None:
     config = load_config(tiny_toml)
-    assert config.model.d_model == 32 and config.model.n_layers == 1 and config.train == ExperimentConfig().train
+    assert config.model.d_model == 32 and config.model.n_layers == 1
+    assert config.train == replace(ExperimentConfig().train, pretrain_window=32)
     assert config.contract.quality.minimum_accuracy_gain_vs_seed == 0.2
     assert config_from_bytes(config.canonical_bytes()) == config
     assert config.digest() == digests.raw_digest(config.canonical_bytes())

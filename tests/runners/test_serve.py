@@ -40,7 +40,7 @@ from verify import serving as vs
 TINY: dict[str, Any] = {
     "data": {"train_per_variant": 8, "eval_per_variant": 4, "retention_probes": 4},
     "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": 64, "max_len": 64},
-    "pretrain": {"steps": 2, "batch_size": 2, "seq_len": 16},
+    "pretrain": {"steps": 2, "batch_size": 2, "seq_len": 16, "task_documents": 8},
 }
 MODEL = "tiny-served"
 
