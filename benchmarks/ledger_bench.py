@@ -1,6 +1,6 @@
 """Ledger throughput on this machine, each figure next to raw ``sqlite3`` doing the same work on the same bytes.
 
-    python benchmarks/ledger_bench.py [--quick] [--postgres] [--json]
+    python benchmarks/ledger_bench.py [--quick] [--postgres [--hosts N [--rate R]]] [--json]
 
 Measures (a) appends/s through ``ledger.store.Store``, one receipt per transaction and in batches; (b) raw sqlite3
 inserts of the same ids and bodies into ``(id TEXT PRIMARY KEY, body BLOB)`` with the same PRAGMAs (WAL,
@@ -13,6 +13,14 @@ one receipt per transaction, batches of 1000, and four writer processes appendin
 (nothing lost, nothing twice, every writer's chain verifies, the log in append order). The server is a throw-away
 Debian PostgreSQL cluster (tests/pg.py) on the same disk, durable (fsync on, as SQLite's synchronous=FULL), reached
 over loopback TCP with a password, as hosts reach a shared ledger. Everything lives in temporary directories.
+
+``--postgres --hosts N`` measures (g) instead: the same server at the namespace hosts' switch (docs/hosts.md),
+listening on the bridge address, and one writer process per host (``ip netns exec``, runners.hosts.Host.argv)
+appending its own chain over TCP through the host's shaped link, one receipt per transaction and in batches; the
+same writers on the same hosts append into one SQLite file in the same run. Each ledger is checked as in (f), and
+the server's connection log must show the hosts' addresses and no other client over TCP. The hosts are brought up
+(``--rate``, default runners.hosts.DEFAULT_RATE) and taken down again, also on an error or Ctrl-C; hosts that are
+already up are used as they are and left up. Needs root and Debian's postgresql: without them, one line and exit 2.
 """
 
 from __future__ import annotations
@@ -22,13 +30,18 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import select
+import signal
+import socket
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +50,7 @@ import blake3
 from ledger import digests
 from ledger.database import BUSY_TIMEOUT_S, display_url
 from ledger.digests import prepared_digest
+from ledger.errors import EXIT_USAGE, InputError
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from verify.receipts import verify_receipt
@@ -46,6 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 BATCH = 1000
 CHAIN_DEPTH = 1000
 WRITERS = 4
+WRITER_BATCH = 100  # the concurrent writers' batch size, (c) and (g)
 TARGET_BATCHED_RATIO = 0.5
 TARGET_CHAIN_S = 0.1
 RAW_PRAGMAS = (
@@ -61,7 +76,7 @@ class Sizes:
     batched: int  # receipts appended in batches of BATCH; also the ledger that (e) scans
     per_writer: int  # single appends per concurrent writer
     per_writer_batched: int  # receipts per concurrent writer in batches of 100
-    pg_per_writer: int  # (f): single appends per concurrent writer, PostgreSQL against SQLite
+    pg_per_writer: int  # (f), (g): appends per concurrent writer, PostgreSQL against SQLite
 
 
 FULL = Sizes(single=2000, batched=100_000, per_writer=1000, per_writer_batched=5000, pg_per_writer=2000)
@@ -228,7 +243,7 @@ def _writer(kind: str, path: str, w: int, n: int, batch: int, start: Any, out: A
         out.put(("error", w, repr(exc), 0.0))
 
 
-def concurrent(kind: str, path: Path | str, per_writer: int, batch: int) -> float:
+def concurrent(kind: str, path: Path | str, per_writer: int, batch: int, writers: int = WRITERS) -> float:
     """Wall time from the first writer starting to the last finishing (``path``: a file, or a URL for ours)."""
     if kind == "ours":
         with Store.open(path, create=True) as store:
@@ -238,7 +253,7 @@ def concurrent(kind: str, path: Path | str, per_writer: int, batch: int) -> floa
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_writer, args=(kind, str(path), w, per_writer, batch, start, out))
-             for w in range(WRITERS)]
+             for w in range(writers)]
     for p in procs:
         p.start()
     time.sleep(1.0 + 0.002 * per_writer)  # let every child import, build its receipts and open the database
@@ -352,7 +367,7 @@ def run(sizes: Sizes, tmp: Path) -> list[Row]:
     rows.append(Row(f"verify {CHAIN_DEPTH}-deep chain (first, cold)", CHAIN_DEPTH, first, raw))
 
     # (c) four writer processes at once
-    for batch, per_writer in ((1, sizes.per_writer), (100, sizes.per_writer_batched)):
+    for batch, per_writer in ((1, sizes.per_writer), (WRITER_BATCH, sizes.per_writer_batched)):
         label = "1 per transaction" if batch == 1 else f"batches of {batch}"
         say(f"{WRITERS} writers x {per_writer}, {label}")
         ours = concurrent("ours", tmp / f"conc-{batch}.db", per_writer, batch)
@@ -367,11 +382,11 @@ def run(sizes: Sizes, tmp: Path) -> list[Row]:
 # ------------------------------------------------------------------------------ (f) PostgreSQL against SQLite
 
 
-def check_concurrent(db: Path | str, per_writer: int) -> str:
+def check_concurrent(db: Path | str, per_writer: int, writers: int = WRITERS) -> str:
     """After :func:`concurrent`: every receipt the writers made is stored once, each writer's chain verifies back to
     the root, and the log has one leaf per receipt in seq order. Returns the summary; raises if anything is off."""
     root = root_receipt()
-    chains = [chain(root, per_writer, run=f"writer-{w}", rank=w) for w in range(WRITERS)]
+    chains = [chain(root, per_writer, run=f"writer-{w}", rank=w) for w in range(writers)]
     expected = {root.id} | {r.id for c in chains for r in c}
     with Store.open(db) as store, store.engine.connect() as conn:
         ids = [rid for (rid,) in conn.exec_driver_sql("SELECT id FROM receipts")]
@@ -381,17 +396,16 @@ def check_concurrent(db: Path | str, per_writer: int) -> str:
             "SELECT leaf_index, receipt_seq FROM log_leaves ORDER BY leaf_index")]
         valid = sum(verify_receipt(store, c[-1].id).receipts_checked == per_writer + 1 for c in chains)
     summary = (f"{len(ids)} rows, {len(lost)} lost, {duplicated} duplicated, {len(foreign)} unexpected, "
-               f"{valid}/{WRITERS} chains verify, log {'in' if leaves == list(enumerate(seqs)) else 'OUT OF'} "
+               f"{valid}/{writers} chains verify, log {'in' if leaves == list(enumerate(seqs)) else 'OUT OF'} "
                f"seq order")
-    if lost or duplicated or foreign or valid != WRITERS or leaves != list(enumerate(seqs)):
+    if lost or duplicated or foreign or valid != writers or leaves != list(enumerate(seqs)):
         raise AssertionError(f"{display_url(str(db))}: {summary}")
     return summary
 
 
 def postgres_run(sizes: Sizes, tmp: Path) -> tuple[list[Row], list[str]]:
     """(f): rows whose "ours" is PostgreSQL and "raw" SQLite (both through Store), and the concurrency checks."""
-    sys.path.insert(0, str(REPO))  # tests/pg.py starts the throw-away cluster, for the tests and for this
-    from tests.pg import throwaway_cluster
+    from tests.pg import throwaway_cluster  # on sys.path: main() puts the checkout there for --postgres
 
     rows: list[Row] = []
     checks: list[str] = []
@@ -425,6 +439,188 @@ def postgres_run(sizes: Sizes, tmp: Path) -> tuple[list[Row], list[str]]:
     return rows, checks
 
 
+# ------------------------------------------------------ (g) PostgreSQL at the switch, one writer per namespace host
+
+
+class _LineStart:
+    """:func:`_writer`'s start event for a writer on a namespace host: say so on stdout, then wait for a line."""
+
+    def wait(self) -> None:
+        print(json.dumps(["ready"]), flush=True)
+        if not sys.stdin.readline():
+            raise SystemExit("the benchmark went away before the start")
+
+
+class _LineOut:
+    """:func:`_writer`'s result queue for a writer on a namespace host: one JSON line on stdout."""
+
+    def put(self, item: Any) -> None:
+        print(json.dumps(item), flush=True)
+
+
+def _read_line(p: subprocess.Popen[bytes], deadline: float) -> list[Any]:
+    """The next JSON line a host writer printed (unbuffered pipe), or an error entry if it exited or timed out."""
+    assert p.stdout is not None
+    ready, _, _ = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))
+    if not ready:
+        return ["error", -1, "no answer in time", 0.0]
+    line = p.stdout.readline()
+    return list(json.loads(line)) if line else ["error", -1, f"exited with {p.wait()}", 0.0]
+
+
+def hosts_concurrent(hs: Any, url: str, admin: str, per_writer: int, batch: int, logs: Path,
+                     env: dict[str, str] | None = None) -> float:
+    """:func:`concurrent` with writer K on host K: ``url`` is what the writers open (over TCP at the switch, or an
+    SQLite file: the namespaces share the file system), ``admin`` where this process puts the root first; ``env``
+    is added to the writers' environment."""
+    with Store.open(admin, create=True) as store:
+        store.append(root_receipt())
+    procs: list[tuple[Any, subprocess.Popen[bytes], Path]] = []
+    try:
+        for w, host in enumerate(hs.hosts):
+            err = logs / f"{host.name}-{len(os.listdir(logs))}.log"
+            with open(err, "wb") as stderr:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--host-writer", str(w), "--url", url,
+                       "--per-writer", str(per_writer), "--batch", str(batch)]
+                procs.append((host, subprocess.Popen(host.argv(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                     stderr=stderr, bufsize=0, cwd=REPO,
+                                                     env={**os.environ, **(env or {})}), err))
+
+        def failed(host: Any, got: list[Any], err: Path) -> RuntimeError:
+            tail = err.read_text(errors="replace")[-2000:]
+            return RuntimeError(f"the writer on {host.name} failed: {got[2]}\n{tail}")
+
+        deadline = time.monotonic() + 120  # importing, building the chain, opening the ledger
+        for host, p, err in procs:
+            got = _read_line(p, deadline)
+            if got[0] != "ready":
+                raise failed(host, got, err)
+        for _, p, _ in procs:
+            assert p.stdin is not None
+            p.stdin.write(b"go\n")
+        deadline = time.monotonic() + 900
+        results = [(host, _read_line(p, deadline), err) for host, p, err in procs]
+        for host, got, err in results:
+            if got[0] != "ok":
+                raise failed(host, got, err)
+        for _, p, _ in procs:
+            p.wait(timeout=30)
+    finally:
+        for _, p, _ in procs:  # only on an error: each writer has exited otherwise
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return max(got[3] for _, got, _ in results) - min(got[2] for _, got, _ in results)
+
+
+def connections(log: Path, database: str) -> dict[str, int]:
+    """Client address (``[local]``: the unix socket) -> connections to ``database``, from the server's log
+    (``log_connections=on``, ``log_line_prefix='%h '``)."""
+    out: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        client, _, message = line.partition(" ")
+        if message.startswith("LOG:  connection authorized:") and f" database={database} " in f"{message} ":
+            out[client] = out.get(client, 0) + 1
+    return out
+
+
+def check_origins(log: Path, database: str, hs: Any) -> str:
+    """Every TCP connection to ``database`` came from a host's address, and every host connected."""
+    seen = connections(log, database)
+    tcp = {client: k for client, k in seen.items() if client != "[local]"}
+    expected = [h.address for h in hs.hosts]
+    summary = (f"{database}: " + ", ".join(f"{h.name} {h.address} x{tcp.get(h.address, 0)}" for h in hs.hosts)
+               + f"; {seen.get('[local]', 0)} through the socket (this process: the schema, the root, the checks)")
+    strangers = sorted(set(tcp) - set(expected))
+    if strangers or not all(tcp.get(a) for a in expected):
+        raise AssertionError(f"connections to {summary}; from elsewhere over TCP: {strangers or 'none'}")
+    return summary + ", none from elsewhere"
+
+
+@contextmanager
+def namespace_hosts(n: int, rate: str | None) -> Iterator[tuple[Any, bool]]:
+    """``n`` namespace hosts of the default network (``ledger hosts``), and whether this run brought them up: hosts
+    already up are used (the first ``n``) and left up; otherwise they are made and taken down on the way out."""
+    from runners import hosts
+
+    net = hosts.Network()
+    existing = hosts.load(net)
+    if existing is not None:
+        hs = hosts.require(n, net)
+        if rate is not None and hosts.rate_bits(rate) != hs.rate_bits:
+            raise InputError(f"test hosts are up at {hs.rate}, not {rate}: leave out --rate to use them, or "
+                             f"`ledger hosts down` first")
+        yield replace(hs, hosts=hs.hosts[:n]), False
+        return
+    hs = hosts.up(n, rate or hosts.DEFAULT_RATE, net)
+    try:
+        yield hs, True
+    finally:
+        hosts.down(net)
+
+
+def _free_port_at(namespace: str, address: str) -> int:
+    """A free TCP port on ``address`` inside ``namespace`` (another server may already hold 5432 at the switch)."""
+    from runners import hosts
+
+    def probe() -> int:
+        with socket.socket() as s:
+            s.bind((address, 0))
+            return int(s.getsockname()[1])
+
+    return hosts.in_namespace(namespace, probe)
+
+
+def postgres_hosts_run(sizes: Sizes, tmp: Path, n: int, rate: str | None) -> tuple[list[Row], list[str], str]:
+    """(g): rows whose "ours" is the hosts' writers on PostgreSQL at the switch and "raw" the same writers on
+    SQLite, the checks, and a sentence saying where it ran."""
+    from runners import hosts
+    from tests.pg import check_available as postgres_check
+    from tests.pg import throwaway_cluster
+
+    hosts.check_available()
+    postgres_check()
+    rows: list[Row] = []
+    checks: list[str] = []
+    per_writer = sizes.pg_per_writer
+    say = lambda msg: print(f"  .. hosts: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    logs = tmp / "writer-logs"
+    logs.mkdir()
+    with namespace_hosts(n, rate) as (hs, made):
+        net = hs.network
+        say(f"{'brought up' if made else 'using'} {len(hs)} hosts at {hs.rate} on {net.subnet}")
+        port = _free_port_at(net.switch, net.switch_address)
+        options = ("log_connections=on", "log_line_prefix='%h '")
+        with throwaway_cluster(durable=True, listen=net.switch_address, netns=net.switch, port=port,
+                               clients=[net.subnet], options=options) as cluster:
+            say(f"server {cluster.host}:{cluster.port} in {net.switch}")
+            # libpq reads the password from the environment: it stays off the writers' command lines
+            secret = {"PGPASSWORD": cluster.password or ""}
+            tcp = f"postgresql+psycopg://{cluster.user}@{cluster.host}:{cluster.port}/"
+            hosts.in_namespace(net.switch, lambda: hosts.check_ledger_reach(tcp + "postgres", hs))
+            for batch in (1, WRITER_BATCH):
+                label = "1 per transaction" if batch == 1 else f"batches of {batch}"
+                times: dict[str, float] = {}
+                name = f"hosts_{batch}"
+                cluster.create_database(name)
+                lite = str(tmp / f"hosts-{batch}.db")
+                for engine, url, admin in (("pg", tcp + name, cluster.socket_url(name)), ("sqlite", lite, lite)):
+                    say(f"{len(hs)} writers x {per_writer}, {label}, {engine}")
+                    times[engine] = hosts_concurrent(hs, url, admin, per_writer, batch, logs,
+                                                     secret if engine == "pg" else None)
+                    checks.append(f"{'PostgreSQL over TCP' if engine == 'pg' else 'SQLite, one file'}, "
+                                  f"{len(hs)} hosts' writers x {per_writer}, {label}: "
+                                  f"{check_concurrent(admin, per_writer, len(hs))}")
+                rows.append(Row(f"{len(hs)} hosts' writers, {label}", len(hs) * per_writer, times["pg"],
+                                times["sqlite"]))
+            for batch in (1, WRITER_BATCH):
+                checks.append(f"connections to {check_origins(cluster.log, f'hosts_{batch}', hs)}")
+            where = (f"PostgreSQL at the switch ({cluster.host}:{cluster.port}, {net.switch}) and SQLite (one "
+                     f"file on this disk), the same writers: one process per namespace host ({len(hs)} hosts, "
+                     f"links at {hs.rate}{'' if made else ', already up'}), each appending its own chain")
+    return rows, checks, where
+
+
 def render(rows: list[Row], ours: str = "ours", raw: str = "raw") -> str:
     head = (f"{'measure':42} {'receipts':>9} {ours + ' s':>8} {ours + '/s':>9} {raw + ' s':>8} {raw + '/s':>9} "
             f"{ours + '/' + raw:>8}  target")
@@ -444,19 +640,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 10x less work)")
     parser.add_argument("--postgres", action="store_true",
                         help="instead, compare PostgreSQL with SQLite (a throw-away cluster of Debian's postgresql)")
+    parser.add_argument("--hosts", type=int, metavar="N",
+                        help="with --postgres: the server at the namespace hosts' switch, one writer per host over "
+                             "TCP, against the same writers on SQLite (root; brings N hosts up unless they are)")
+    parser.add_argument("--rate", help="with --hosts: each link's rate when this run brings the hosts up "
+                                       "(tc units; default that of `ledger hosts up`)")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
+    for hidden in ("--host-writer", "--per-writer", "--batch"):  # one writer of (g), started on its host
+        parser.add_argument(hidden, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.host_writer is not None:
+        _writer("ours", args.url, args.host_writer, args.per_writer, args.batch, _LineStart(), _LineOut())
+        return 0
+    if args.hosts is not None and (not args.postgres or args.hosts < 1):
+        parser.error("--hosts N needs --postgres and N >= 1")
+    if args.rate is not None and args.hosts is None:
+        parser.error("--rate needs --hosts")
+    if args.rate is not None:
+        from runners.hosts import rate_bits
+
+        try:
+            rate_bits(args.rate)
+        except InputError as exc:
+            parser.error(str(exc))
     sizes = QUICK if args.quick else FULL
+    unavailable: tuple[type[BaseException], ...] = (InputError,)  # what cannot run here: one line, no traceback
+    if args.postgres:
+        sys.path.insert(0, str(REPO))  # tests/pg.py starts the throw-away cluster, for the tests and for this
+        from tests.pg import PostgresUnavailable
+
+        unavailable += (PostgresUnavailable,)
+    if args.hosts is not None:
+        from runners.hosts import HostsUnavailable
+
+        unavailable += (HostsUnavailable,)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: hosts, server go
     print(f"ledger_bench: {time.strftime('%Y-%m-%d %H:%M')}, {platform.platform()}, python "
           f"{platform.python_version()}, sqlite {sqlite3.sqlite_version}, {os.cpu_count()} cores, "
           f"{'quick' if args.quick else 'full'} sizes {asdict(sizes)}, load average {os.getloadavg()[0]:.2f}")
-    with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
-        if args.postgres:
-            rows, checks = postgres_run(sizes, Path(tmp))
-        else:
-            rows, checks = run(sizes, Path(tmp)), []
+    where = "PostgreSQL against SQLite, both through Store"
+    try:
+        with tempfile.TemporaryDirectory(prefix="ledger-bench-") as tmp:
+            if args.hosts is not None:
+                rows, checks, where = postgres_hosts_run(sizes, Path(tmp), args.hosts, args.rate)
+            elif args.postgres:
+                rows, checks = postgres_run(sizes, Path(tmp))
+            else:
+                rows, checks = run(sizes, Path(tmp)), []
+    except unavailable as exc:
+        print(f"ledger_bench: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("ledger_bench: interrupted; what this run started is stopped and removed", file=sys.stderr)
+        return 130
     if args.postgres:
-        print("PostgreSQL against SQLite, both through Store (pg/sqlite: PostgreSQL's rate over SQLite's):")
+        print(f"{where} (pg/sqlite: PostgreSQL's rate over SQLite's):")
     print(render(rows, *(("pg", "sqlite") if args.postgres else ())))
     for line in checks:
         print(line)

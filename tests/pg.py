@@ -126,6 +126,12 @@ def _server_command() -> tuple[str, str, list[str], int | None]:
     return initdb, pg_ctl, ["runuser", "-u", SERVER_USER, "--"], uid
 
 
+def check_available() -> None:
+    """Raise :class:`PostgresUnavailable` saying why when a throw-away cluster cannot run here: a caller that must
+    make other things first (benchmarks/ledger_bench.py's namespace hosts) asks before making them."""
+    _server_command()
+
+
 def _scratch_parent(durable: bool, *, as_root: bool) -> str | None:
     """Where the cluster's directory goes. Not pytest's tmp_path: under root that is a 0700 directory the postgres
     user cannot traverse. A test cluster goes to /dev/shm (memory) where there is one: CREATE DATABASE copies
