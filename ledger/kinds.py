@@ -181,8 +181,10 @@ KINDS: Final[Mapping[Kind, KindSpec]] = MappingProxyType({
     Kind.NOTE: KindSpec(
         "free-form evidence (examples, operator remarks); no rule beyond the common ones", rules.no_rule, Schema()),
     Kind.KEY: KindSpec(
-        "a public key allowed to sign receipts from its place in the log on", rules.key,
-        Schema((Shape({"key": str}, when={"format": rules.KEY_FORMAT}),))),
+        "a public key allowed to sign receipts from its place in the log on, or that key's revocation (its signatures "
+        "on receipts logged after the revocation fail)", rules.key,
+        Schema((Shape({"key": str}, when={"format": rules.KEY_FORMAT}),
+                Shape({"key": str}, when={"format": rules.KEY_REVOCATION_FORMAT})))),
 })
 
 

@@ -36,10 +36,8 @@ import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from ledger.transparency_errors import (
     CosignatureQuorum,
@@ -50,6 +48,11 @@ from ledger.transparency_errors import (
     SignatureInvalid,
     UnknownKey,
 )
+
+# cryptography is imported only where a key is made or loaded or a signature made or checked: opening a Store, `ledger
+# show` and `ledger --help` never need it, and it costs as much to import as the rest of the core (issue 11).
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 ALG_ED25519 = 0x01
 ALG_COSIGNATURE_V1 = 0x04
@@ -100,7 +103,27 @@ def key_id(name: str, alg: int, public_key: bytes) -> int:
 
 
 def _public_bytes(public_key: Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
     return public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def ed25519_public_key(raw: bytes) -> Ed25519PublicKey:
+    """The cryptography object of a raw 32-byte Ed25519 public key."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def ed25519_verify(public_key: Ed25519PublicKey, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` is ``public_key``'s Ed25519 signature over ``message``."""
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        public_key.verify(signature, message)
+    except InvalidSignature:
+        return False
+    return True
 
 
 def _cosigned_message(text: bytes, timestamp: int) -> bytes:
@@ -130,7 +153,7 @@ class Verifier:
         if len(self.public_key) != 32:
             raise MalformedKey("an Ed25519 public key is 32 bytes", expected=32, actual=len(self.public_key))
 
-    @property
+    @cached_property
     def key_id(self) -> int:
         return key_id(self.name, self.alg, self.public_key)
 
@@ -162,7 +185,7 @@ class Verifier:
     def verify(self, text: bytes, signature: bytes) -> int | None:
         """Check ``signature`` (the bytes after the key id) over ``text``. Returns the cosignature timestamp (0x04)
         or None (0x01); raises SignatureInvalid."""
-        pub = Ed25519PublicKey.from_public_bytes(self.public_key)
+        pub = ed25519_public_key(self.public_key)
         timestamp = None
         message = text
         if self.alg == ALG_COSIGNATURE_V1:
@@ -173,10 +196,8 @@ class Verifier:
                 raise SignatureInvalid("cosignature timestamp", key=self.label, expected=f"<= {_MAX_TIMESTAMP}",
                                        actual=timestamp)
             message, signature = _cosigned_message(text, timestamp), signature[8:]
-        try:
-            pub.verify(signature, message)
-        except InvalidSignature:
-            raise SignatureInvalid("signed note", key=self.label, actual=signature) from None
+        if not ed25519_verify(pub, signature, message):
+            raise SignatureInvalid("signed note", key=self.label, actual=signature)
         return timestamp
 
 
@@ -194,10 +215,13 @@ class Signer:
 
     @classmethod
     def generate(cls, name: str, alg: int = ALG_ED25519) -> Signer:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         return cls(name, Ed25519PrivateKey.generate(), alg)
 
-    @property
+    @cached_property
     def verifier(self) -> Verifier:
+        # Worked out once per signer: deriving the public key and its key id cost as much as a signature.
         return Verifier(self.name, _public_bytes(self.private_key.public_key()), self.alg)
 
     @property
@@ -206,6 +230,8 @@ class Signer:
 
     def key(self) -> str:
         """The signer key string ``PRIVATE+KEY+name+hexid+base64(type || seed)``."""
+        from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
         seed = self.private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
         return f"PRIVATE+KEY+{self.verifier.label}+{_b64(bytes([self.alg]) + seed)}"
 
@@ -223,6 +249,8 @@ class Signer:
             raise MalformedKey("a signer key ends in standard base64") from None
         if len(raw) != 33:
             raise MalformedKey("a signer key holds a type byte and a 32-byte seed", expected=33, actual=len(raw))
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         signer = cls(name, Ed25519PrivateKey.from_private_bytes(raw[1:]), _check_alg(raw[0]))
         if signer.key_id != int(hex_id, 16):
             raise MalformedKey(f"signer key {name}: key id does not match the key", expected=f"{signer.key_id:08x}",

@@ -274,14 +274,37 @@ def report(r: Receipt, parents: list[Receipt]) -> None:
 
 
 KEY_FORMAT = "ledger-key/1"
+# A `key` receipt of this format revokes the key it names (docs/transparency.md §2): signatures by that key on
+# receipts at later leaves of the log fail verification.
+KEY_REVOCATION_FORMAT = "ledger-key-revocation/1"
 
 
 def key(r: Receipt, parents: list[Receipt]) -> None:
     """A key registration stands alone (no parents, no experiment, no step) and names one Ed25519 verifier key, so
-    who may sign is itself evidence: signatures by the key count from this receipt's place in the log on."""
+    who may sign is itself evidence: signatures by the key count from this receipt's place in the log on.
+
+    A revocation (``measurements.format`` = KEY_REVOCATION_FORMAT) cites exactly the registration of the key it
+    names, so a key no receipt registers cannot be revoked: the store refuses the receipt, and so does verify."""
     _forbid(r, "step", "prepared", "selection")
-    if parents:
-        raise broken(r, "a key receipt has no parents", field="parents", expected=[], actual=list(r.parents))
+    vkey = _verifier_key(r)
+    if r.measurements.get("format") != KEY_REVOCATION_FORMAT:
+        if parents:
+            raise broken(r, "a key receipt has no parents", field="parents", expected=[], actual=list(r.parents))
+        return
+    if len(parents) != 1:
+        raise broken(r, "a key revocation cites exactly one key receipt: the registration of the key it revokes",
+                     field="parents", expected=1, actual=len(parents))
+    (registration,) = parents
+    if registration.kind != "key" or registration.measurements.get("format") == KEY_REVOCATION_FORMAT:
+        raise broken(r, "a key revocation cites the key receipt registering the key it revokes",
+                     field="parents", expected=f"a key receipt of format {KEY_FORMAT}",
+                     actual=f"{registration.kind} receipt of format {registration.measurements.get('format')}")
+    if registration.measurements.get("key") != vkey:
+        raise broken(r, "a key revocation names the key its cited key receipt registers", field="measurements.key",
+                     expected=registration.measurements.get("key"), actual=vkey)
+
+
+def _verifier_key(r: Receipt) -> str:
     vkey = r.measurements.get("key")
     try:
         if not isinstance(vkey, str):
@@ -290,6 +313,7 @@ def key(r: Receipt, parents: list[Receipt]) -> None:
     except MalformedKey as exc:
         raise broken(r, f"measurements.key is not an Ed25519 verifier key: {exc.detail}", field="measurements.key",
                      expected="name+<8 hex>+base64(0x01 || public key)", actual=vkey) from None
+    return vkey
 
 
 def no_rule(r: Receipt, parents: list[Receipt]) -> None:

@@ -26,11 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from ledger import digests
-from ledger.note import ALG_ED25519, Signer, Verifier
+from ledger.note import ALG_ED25519, Signer, Verifier, ed25519_public_key, ed25519_verify
 from ledger.transparency_errors import KeyFileExposed, MalformedKey, SignatureInvalid, UnknownKey
 
 RECEIPT_SIGNATURE_DOMAIN = b"training-ledger/receipt-signature/v1\x00"
@@ -146,9 +143,7 @@ def verify_receipt_signature(signature: ReceiptSignature, verifiers: Verifier | 
     if verifier is None:
         raise UnknownKey(f"receipt {signature.receipt}", expected=sorted(by_label), actual=[signature.key])
     message = receipt_message(signature.receipt)
-    try:
-        Ed25519PublicKey.from_public_bytes(verifier.public_key).verify(signature.signature, message)
-    except InvalidSignature:
+    if not ed25519_verify(ed25519_public_key(verifier.public_key), signature.signature, message):
         raise SignatureInvalid(f"receipt {signature.receipt}", key=signature.key, actual=signature.signature,
-                               receipt=signature.receipt) from None
+                               receipt=signature.receipt)
     return verifier

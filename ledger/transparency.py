@@ -34,7 +34,7 @@ from ledger.artifacts import ArtifactStore, atomic_write
 from ledger.errors import DigestMismatch, InputError, LookupFailed, UnknownReceipt, VerificationError
 from ledger.models import LogCheckpointRow, LogLeafRow, ReceiptRow
 from ledger.receipts import Kind, Receipt, make_receipt
-from ledger.rules import KEY_FORMAT
+from ledger.rules import KEY_FORMAT, KEY_REVOCATION_FORMAT
 from ledger.signing import generate_key, load_private_key, load_public_key, save_private_key
 from ledger.store import Store, Stored
 from ledger.tlog import LeafSignature, LogCorrupt
@@ -174,7 +174,10 @@ def registered_keys(store: Store) -> dict[str, RegisteredKey]:
                                  receipt=rid, field="body")
         if leaf is None:
             raise NotInLog(rid, seq)
-        verifier = load_public_key(Receipt.from_bytes(body).measurements["key"])
+        measurements = Receipt.from_bytes(body).measurements
+        if measurements.get("format") == KEY_REVOCATION_FORMAT:
+            continue  # a revocation registers nothing (ledger/revocation.py)
+        verifier = load_public_key(measurements["key"])
         have = out.get(verifier.label)
         if have is None:
             out[verifier.label] = RegisteredKey(verifier, rid, int(leaf))

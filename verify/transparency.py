@@ -3,8 +3,10 @@ a published head, whether each verified receipt is in it, witnesses, and in-toto
 
 Every check raises a :class:`~ledger.errors.VerificationError` subclass naming what was found (exit 1):
 
-* signatures: :class:`UnregisteredKey`, :class:`KeyRegisteredLater`, ``SignatureInvalid`` (signed bytes differ),
-  :class:`UnsignedReceipt` (only when signatures are required);
+* signatures: :class:`UnregisteredKey`, :class:`KeyRegisteredLater`, :class:`KeyRevoked` (signed by a key on a
+  receipt logged after that key's revocation), ``SignatureInvalid`` (signed bytes differ), :class:`UnsignedReceipt`
+  (only when signatures are required), :class:`RevocationUnsigned` (a revocation must be signed, by a registered key
+  not revoked before it: ledger/revocation.py);
 * a head (a signed checkpoint published before): :class:`LedgerTruncated`, :class:`OlderLedger`,
   :class:`ReceiptRewritten`, :class:`LogReordered`, :class:`LogForked`, :class:`LogRebuilt`, ``NotInLog``;
 * a witness: :class:`WitnessRefused`; an attestation: :class:`AttestationMismatch` (and the DSSE errors).
@@ -34,7 +36,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import Connection, select, text
 
 from ledger import digests, dsse, merkle, note, tlog
@@ -42,6 +43,7 @@ from ledger.artifacts import ArtifactStore, atomic_write
 from ledger.errors import DigestMismatch, VerificationError
 from ledger.models import ReceiptRow
 from ledger.receipts import Receipt
+from ledger.revocation import Revocation, all_revocations
 from ledger.signing import ReceiptSignature, verify_receipt_signature
 from ledger.store import Store
 from ledger.tlog import LeafSignature, LogCorrupt
@@ -83,6 +85,30 @@ class KeyRegisteredLater(VerificationError):
         super().__init__(f"receipt {receipt} (leaf {leaf}): signed by {key}, registered only at leaf {registered_at} "
                          f"(key receipt {registration}), after the receipt it signs", receipt=receipt,
                          field="signature", expected=f"a key registered at leaf <= {leaf}", actual=registered_at)
+
+
+class KeyRevoked(VerificationError):
+    """Something signed by a key after that key's revocation receipt in the log: a receipt at a later leaf, or a head
+    (or an attestation's checkpoint) that includes the revocation."""
+
+    def __init__(self, what: str, key: str, revocation: Revocation, *, after: str, receipt: str | None = None,
+                 at: int | None = None) -> None:
+        super().__init__(f"{what}: signed by {key}, revoked at leaf {revocation.leaf_index} by key revocation "
+                         f"{revocation.receipt}, {after}", receipt=receipt, field="signature",
+                         expected=f"a key not revoked before leaf {at}" if at is not None else "a key not revoked",
+                         actual=revocation.receipt)
+        self.key = key
+        self.revocation = revocation.receipt
+
+
+class RevocationUnsigned(VerificationError):
+    """A key revocation with no signature: anyone holding the database could have written it."""
+
+    def __init__(self, revocation: Revocation) -> None:
+        super().__init__(f"key revocation {revocation.receipt} (leaf {revocation.leaf_index}) of {revocation.label} "
+                         f"is not signed: a revocation must be signed by a registered key not revoked before it",
+                         receipt=revocation.receipt, field="signature",
+                         expected="a signature by a registered, non-revoked key", actual=None)
 
 
 class UnsignedReceipt(VerificationError):
@@ -166,32 +192,57 @@ class AttestationMismatch(VerificationError):
 
 @dataclass
 class SignatureReport:
-    """Who signed the receipts checked: receipts per key label, and those signed by no one."""
+    """Who signed the receipts checked: receipts per key label, those signed by no one, and the ledger's keys and
+    revocations (all checked: every revocation signed by a registered key not revoked before it)."""
 
     checked: int = 0
     signed: dict[str, int] = field(default_factory=dict)
     unsigned: list[str] = field(default_factory=list)
     keys: dict[str, RegisteredKey] = field(default_factory=dict)
+    revoked: dict[str, Revocation] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         out = []
         for label, count in sorted(self.signed.items()):
-            k = self.keys[label]
+            k, r = self.keys[label], self.revoked.get(label)
+            revoked = f"; revoked at leaf {r.leaf_index} by {r.receipt}" if r is not None else ""
             out.append(f"signatures: {count} receipt(s) signed by {label} (registered at leaf {k.leaf_index} by "
-                       f"{k.receipt})")
+                       f"{k.receipt}{revoked})")
         if self.unsigned:
             out.append(f"signatures: {len(self.unsigned)} receipt(s) unsigned (first {self.unsigned[0]})")
         return out or ["signatures: none checked"]
 
     def to_json(self) -> dict[str, Any]:
+        def revoked(label: str) -> dict[str, Any] | None:
+            r = self.revoked.get(label)
+            return None if r is None else {"receipt": r.receipt, "leaf_index": r.leaf_index}
+
         return {"checked": self.checked, "signed": dict(sorted(self.signed.items())),
                 "unsigned": len(self.unsigned), "first_unsigned": self.unsigned[0] if self.unsigned else None,
-                "keys": {label: {"key": k.verifier.key(), "receipt": k.receipt, "leaf_index": k.leaf_index}
-                         for label, k in sorted(self.keys.items()) if label in self.signed}}
+                "keys": {label: {"key": k.verifier.key(), "receipt": k.receipt, "leaf_index": k.leaf_index,
+                                 "revoked": revoked(label)}
+                         for label, k in sorted(self.keys.items()) if label in self.signed},
+                "revoked": {label: revoked(label) for label in sorted(self.revoked)}}
+
+
+def _check_signature(rid: str, leaf: int, s: LeafSignature, keys: Mapping[str, RegisteredKey],
+                     revoked: Mapping[str, Revocation]) -> None:
+    """One signature of the receipt at ``leaf``: by a registered key, registered at or before it, not revoked
+    before it, over the receipt's id."""
+    k = keys.get(s.key)
+    if k is None:
+        raise UnregisteredKey(rid, s.key, sorted(keys))
+    if k.leaf_index > leaf:
+        raise KeyRegisteredLater(rid, s.key, leaf=leaf, registered_at=k.leaf_index, registration=k.receipt)
+    r = revoked.get(s.key)
+    if r is not None and r.leaf_index < leaf:  # a revocation signed by the key it revokes is still its own
+        raise KeyRevoked(f"receipt {rid} (leaf {leaf})", s.key, r, after="before the receipt it signs", receipt=rid,
+                         at=leaf)
+    verify_receipt_signature(ReceiptSignature(rid, s.key, s.signature), k.verifier)  # SignatureInvalid
 
 
 def _check_leaf_signatures(rid: str, leaf: int, sigs: Sequence[LeafSignature], keys: Mapping[str, RegisteredKey],
-                           report: SignatureReport, require: bool) -> None:
+                           revoked: Mapping[str, Revocation], report: SignatureReport, require: bool) -> None:
     report.checked += 1
     if not sigs:
         if require:
@@ -199,30 +250,48 @@ def _check_leaf_signatures(rid: str, leaf: int, sigs: Sequence[LeafSignature], k
         report.unsigned.append(rid)
         return
     for s in sigs:
-        k = keys.get(s.key)
-        if k is None:
-            raise UnregisteredKey(rid, s.key, sorted(keys))
-        if k.leaf_index > leaf:
-            raise KeyRegisteredLater(rid, s.key, leaf=leaf, registered_at=k.leaf_index, registration=k.receipt)
-        verify_receipt_signature(ReceiptSignature(rid, s.key, s.signature), k.verifier)  # SignatureInvalid
+        _check_signature(rid, leaf, s, keys, revoked)
         report.signed[s.key] = report.signed.get(s.key, 0) + 1
+
+
+def checked_revocations(store: Store, keys: Mapping[str, RegisteredKey] | None = None) -> dict[str, Revocation]:
+    """The ledger's revocations (ledger/revocation.py), each checked in log order: signed, and every signature by
+    a registered key, registered at or before it and not revoked before it, over its id. A revocation that fails
+    fails the verification: one that does not count would leave its author believing the key revoked."""
+    keys = registered_keys(store) if keys is None else keys
+    every = all_revocations(store)
+    revoked: dict[str, Revocation] = {}
+    for r in every:
+        revoked.setdefault(r.label, r)  # the first in log order is when the key stops counting
+    with store.engine.connect() as conn:
+        for r in every:
+            if not r.signatures:
+                raise RevocationUnsigned(r)
+            for s in r.signatures:
+                _check_signature(r.receipt, r.leaf_index, s, keys, revoked)
+            # ... and they are the signatures its leaf committed to (none added to an unsigned one since)
+            _check_stored_leaf(conn, r.receipt, r.leaf_index, r.seq, tlog.LogEntry(r.seq, r.receipt, r.signatures),
+                               None)
+    return revoked
 
 
 def check_signatures(store: Store, receipts: Iterable[str] | None = None, *, require: bool = False
                      ) -> SignatureReport:
     """Check the signatures of ``receipts`` (ids; None: every receipt) against the keys the ledger registers: each
-    by a registered key, registered at or before the receipt in log order, over the receipt's id. Each receipt's
-    leaf must still match its id and signatures (a receipt rewritten after it was logged fails here even without a
-    head). With ``require`` an unsigned receipt fails."""
+    by a registered key, registered at or before the receipt in log order, not revoked before it, over the
+    receipt's id. Each receipt's leaf must still match its id and signatures (a receipt rewritten after it was
+    logged fails here even without a head). With ``require`` an unsigned receipt fails. The ledger's revocations
+    are checked first, whichever receipts are asked for (:func:`checked_revocations`)."""
     keys = registered_keys(store)
-    report = SignatureReport(keys=keys)
+    revoked = checked_revocations(store, keys)
+    report = SignatureReport(keys=keys, revoked=revoked)
     with store.engine.connect() as conn:
         if receipts is None:
             for row in iter_logged(conn, bodies=False):
                 if row.receipt is None:
                     continue  # a missing row is the integrity checks' (and a head's) to report
                 # The signatures first: a signature row replaced after logging is named as the bad signature it is.
-                _check_leaf_signatures(row.receipt, row.leaf_index, row.signatures, keys, report, require)
+                _check_leaf_signatures(row.receipt, row.leaf_index, row.signatures, keys, revoked, report, require)
                 _check_stored_leaf(conn, row.receipt, row.leaf_index, row.seq,
                                    tlog.LogEntry(row.seq, row.receipt, row.signatures), row.stored_hash)
             for seq, rid in unlogged_receipts(conn):
@@ -230,7 +299,7 @@ def check_signatures(store: Store, receipts: Iterable[str] | None = None, *, req
             return report
         for rid in receipts:
             index, entry = leaf_of(conn, rid)
-            _check_leaf_signatures(rid, index, entry.signatures, keys, report, require)
+            _check_leaf_signatures(rid, index, entry.signatures, keys, revoked, report, require)
             _check_stored_leaf(conn, rid, index, entry.seq, entry, None)
     return report
 
@@ -309,9 +378,12 @@ def verify_head(store: Store, head: bytes | str, *, trusted: Iterable[note.Verif
     """Prove that the ledger extends ``head`` (a signed checkpoint) and that ``receipts`` (ids; None: every
     receipt) are in it; see the module docstring for the order of the checks and what each failure is called.
     ``trusted`` are the log keys the head may be signed by (default: the keys the ledger registers)."""
-    keys = list(trusted) if trusted is not None else [k.verifier for k in registered_keys(store).values()]
+    registered = registered_keys(store)
+    keys = list(trusted) if trusted is not None else [k.verifier for k in registered.values()]
     vc = open_head(head, keys, witnesses=witnesses)
     cp = vc.checkpoint
+    _not_revoked_for(checked_revocations(store, registered), [vc.log_signature.label], cp.size, f"log head of size "
+                     f"{cp.size}", "which the head includes")
     with store.engine.connect() as conn:
         origin = tlog.origin(conn)
         if origin != cp.origin:
@@ -334,6 +406,16 @@ def verify_head(store: Store, head: bytes | str, *, trusted: Iterable[note.Verif
             included, since = _included(conn, cp, size, root, receipts)
     return HeadReport(cp, vc.log_signature.label, [c.label for c in vc.cosignatures], size, included, since,
                       len(proof))
+
+
+def _not_revoked_for(revoked: Mapping[str, Revocation], labels: Iterable[str], size: int, what: str, after: str
+                     ) -> None:
+    """A head (or a checkpoint) of ``size`` leaves signed by ``labels`` includes no revocation of those keys: a key
+    that signs a tree holding its own revocation signed it after it was revoked."""
+    for label in labels:
+        r = revoked.get(label)
+        if r is not None and r.leaf_index < size:
+            raise KeyRevoked(what, label, r, after=after)
 
 
 def _short(conn: Connection, size: int, cp: note.Checkpoint) -> VerificationError:
@@ -597,7 +679,7 @@ def verify_attestation(data: bytes | str, trusted: Iterable[note.Verifier], *,
     the checkpoint's signature and the inclusion proof."""
     keys = [v for v in trusted if v.alg == note.ALG_ED25519]
     env = dsse.Envelope.from_json(data)
-    public = {v.label: Ed25519PublicKey.from_public_bytes(v.public_key) for v in keys}
+    public = {v.label: note.ed25519_public_key(v.public_key) for v in keys}
     if not public:
         raise UnknownKey("DSSE envelope", expected=[], actual=[s.keyid for s in env.signatures])
     # The signature first, as protocol.md orders it: nothing of a payload whose signature fails is looked at.
@@ -660,4 +742,12 @@ def verify_attestation(data: bytes | str, trusted: Iterable[note.Verifier], *,
                                   receipt=rid, expected=exc.expected, actual=exc.actual) from None
     if store is not None:  # the ledger at hand must be the attested log and extend the attested checkpoint
         verify_head(store, _field(log, "checkpoint", str, "predicate.log"), trusted=keys, receipts=[rid])
+        # ... and says which keys were revoked: none may have signed the envelope or the receipt after that
+        revoked = checked_revocations(store)
+        _not_revoked_for(revoked, signed_by, cp.size, f"attestation of receipt {rid}", "which its checkpoint includes")
+        for sig in sigs:
+            r = revoked.get(sig.key)
+            if r is not None and r.leaf_index < index:
+                raise KeyRevoked(f"receipt {rid} (leaf {index})", sig.key, r, after="before the receipt it signs",
+                                 receipt=rid, at=index)
     return AttestationReport(rid, receipt.kind, signed_by, sorted(subjects), rehashed, cp, index)

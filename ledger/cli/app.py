@@ -28,8 +28,7 @@ from ledger.cli.common import ErrorMappingGroup, make_typer
 HELP: Final = "Content-addressed receipts and verification for distributed training experiments."
 RUN_HELP: Final = "Run the experiment's steps: prepare, train, recover, eval. These import torch."
 
-# The modules in the order they register: a later module may replace a command of an earlier one (transparency's
-# `verify` replaces verifying's).
+# The modules in the order they register.
 MODULES: Final = ("records", "verifying", "state", "db", "hosts", "run", "transparency")
 
 # Every top-level command and group, in the order `ledger --help` lists them: the module that registers it and the
@@ -39,7 +38,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "append": ("records", "Append receipts."),
     "show": ("records", "Show one receipt."),
     "log": ("records", "List receipts in append order, filtered by field."),
-    "verify": ("transparency", "Recompute a receipt's id and every ancestor's, check parent links, chain rules, "
+    "verify": ("verifying", "Recompute a receipt's id and every ancestor's, check parent links, chain rules, "
                "artifact digests and who signed each receipt; with --head, that the ledger extends that head and "
                "includes them (without an id: every receipt of the ledger); with --in-toto, an exported attestation."),
     "audit": ("verifying", "Verify every receipt an experiment's report draws on, recompute the report (training, "

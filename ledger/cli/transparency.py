@@ -1,8 +1,6 @@
-"""`ledger keys`, `log-head`, `witness add-head`, `export --in-toto`, and `ledger verify` with signatures, heads and
-attestations (docs/transparency.md). Fast: nothing here imports torch, and the library only inside each command.
-
-`ledger verify` is registered here in place of the plain one of verifying.py: it runs that same verification of a
-receipt's ancestry (verify/receipts.py) and then the tamper-evidence checks, and prints both in one result.
+"""`ledger keys`, `log-head`, `witness add-head` and `export --in-toto` (docs/transparency.md). Fast: nothing here
+imports torch, and the library only inside each command. Verifying signatures, heads and attestations is part of
+`ledger verify` (verifying.py), which renders every verification in one place.
 """
 
 from __future__ import annotations
@@ -13,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ledger.cli import verifying
 from ledger.cli.common import ArtifactsOpt, DbOpt, JsonOpt, artifact_store, emit_json, make_typer, open_store, out
+from ledger.cli.verifying import verifier_key
 from ledger.errors import InputError
 
 KeyDirOpt = Annotated[
@@ -22,11 +20,6 @@ KeyDirOpt = Annotated[
     typer.Option("--dir", help="Key directory. Default $LEDGER_KEYS or ~/.config/training-ledger/keys."),
 ]
 SignKeyOpt = Annotated[str, typer.Option("--key", help="Name of the signing key in the key directory.")]
-LogKeyOpt = Annotated[
-    list[str] | None,
-    typer.Option("--log-key", help="A trusted log (operator) public key: the key string or a file holding it. "
-                 "Repeatable. Default: the keys the ledger registers."),
-]
 
 
 def register(app: typer.Typer) -> None:
@@ -35,21 +28,13 @@ def register(app: typer.Typer) -> None:
     keys_app.command("list")(keys_list)
     keys_app.command("export")(keys_export)
     keys_app.command("register")(keys_register)
+    keys_app.command("revoke")(keys_revoke)
     app.add_typer(keys_app, name="keys")
     witness_app = make_typer("A witness: cosigns a log's checkpoints that extend the last one it saw.")
     witness_app.command("add-head")(witness_add_head)
     app.add_typer(witness_app, name="witness")
     app.command("log-head")(log_head)
     app.command("export")(export)
-    # Replace verifying.py's `verify`, in its place, by the one below: the same verification of a receipt's ancestry
-    # plus signatures, heads and attestations.
-    app.command("verify")(verify)
-    mine = app.registered_commands.pop()
-    plain = [i for i, c in enumerate(app.registered_commands) if c.callback is verifying.verify]
-    if plain:
-        app.registered_commands[plain[0]] = mine
-    else:
-        app.registered_commands.append(mine)
 
 
 # ----------------------------------------------------------------------------------------------------- keys
@@ -78,16 +63,19 @@ def keys_new(
 
 
 def keys_list(directory: KeyDirOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
-    """List the keys of the key directory; with --db, also whether and where the ledger registers each."""
+    """List the keys of the key directory; with --db, also whether and where the ledger registers and revokes each."""
+    from ledger.revocation import revocations
     from ledger.transparency import keys_dir, list_keys, registered_keys
 
     found = list_keys(directory)
     registered: dict[str, Any] = {}
+    revoked: dict[str, Any] = {}
     if db is not None:
         with open_store(db) as store:
-            registered = registered_keys(store)
+            registered, revoked = registered_keys(store), revocations(store)
     rows = [{"name": k.name, "path": str(k.path), "public_key": k.verifier.key(), "witness": k.witness,
-             "registered": (registered[k.verifier.label].receipt if k.verifier.label in registered else None)}
+             "registered": (registered[k.verifier.label].receipt if k.verifier.label in registered else None),
+             "revoked": (revoked[k.verifier.label].receipt if k.verifier.label in revoked else None)}
             for k in found]
     if json_out:
         emit_json({"dir": str(keys_dir(directory)), "keys": rows})
@@ -96,6 +84,8 @@ def keys_list(directory: KeyDirOpt = None, db: DbOpt = None, json_out: JsonOpt =
         out.print(f"no keys in {keys_dir(directory)}")
     for row in rows:
         where = f"  registered by {row['registered']}" if row["registered"] else ("  not registered" if db else "")
+        if row["revoked"]:
+            where += f", revoked by {row['revoked']}"
         out.print(f"{row['name']:<20} {'witness ' if row['witness'] else 'operator'} {row['public_key']}{where}")
 
 
@@ -131,6 +121,40 @@ def keys_register(
     else:
         out.print(f"{'registered' if stored.new else 'already registered'} {signer.verifier.label}: "
                   f"{stored.receipt.id}")
+
+
+def keys_revoke(
+    key: Annotated[str, typer.Argument(help="The registered key to revoke: its name, its label NAME+<8 hex>, its "
+                                       "key id (8 hex) or its public key string.")],
+    signing_key: Annotated[str, typer.Option("--key", help="Name of the registered key in the key directory that "
+                                             "signs the revocation (the revoked key itself may).")] = "operator",
+    directory: KeyDirOpt = None,
+    db: DbOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Revoke a registered key by a `key` revocation receipt signed by a registered, non-revoked key: its signatures
+    on receipts appended after the revocation fail verification; those before it stay valid."""
+    from ledger.revocation import revoke_key
+    from ledger.signing import load_public_key
+    from ledger.transparency import load_key
+    from verify.transparency import checked_revocations
+
+    signer = load_key(signing_key, directory)
+    with open_store(db) as store:
+        # The ledger's revocations as verify judges them: an invalid one is not a key revoked already (exit 1).
+        checked_revocations(store)
+        stored, earlier = revoke_key(store, signer, key)
+    revoked = load_public_key(stored.receipt.measurements["key"]).label
+    signed_by = [signer.verifier.label] if earlier is None else [s.key for s in earlier.signatures]
+    value = {"receipt": stored.receipt.id, "new": earlier is None and stored.new, "label": revoked,
+             "signed_by": signed_by}
+    if json_out:
+        emit_json(value)
+    elif value["new"]:
+        out.print(f"revoked {revoked}: {stored.receipt.id} (signed by {signed_by[0]}); its signatures on "
+                  f"receipts appended from now on fail verification")
+    else:
+        out.print(f"already revoked {revoked}: {stored.receipt.id}")
 
 
 # ----------------------------------------------------------------------------------------------------- heads
@@ -187,7 +211,7 @@ def witness_add_head(
     from verify.transparency import witness_add_head as add
 
     witness = load_key(key, directory)
-    verifier = _verifier(log_key) if log_key else None
+    verifier = verifier_key(log_key) if log_key else None
     if db is not None:
         with open_store(db) as store:
             result = add(state, head.read_bytes(), witness, log_key=verifier, store=store)
@@ -203,16 +227,6 @@ def witness_add_head(
         seen = "first checkpoint seen" if result.previous is None else f"extends size {result.previous}"
         out.print(f"cosigned {result.checkpoint.origin} size {result.checkpoint.size} ({seen}) as "
                   f"{witness.verifier.label}: {out_path}")
-
-
-def _verifier(value: str) -> Any:
-    """A verifier key given as the key string or as a file holding it."""
-    from ledger import note
-
-    text = value
-    if "+" not in value or Path(value).is_file():
-        text = Path(value).read_text(encoding="utf-8").strip()
-    return note.Verifier.from_key(text)
 
 
 # --------------------------------------------------------------------------------------------------- export
@@ -241,119 +255,3 @@ def export(
     else:
         atomic_write(out_path, data)
         out.print(f"attestation of {in_toto} written to {out_path}")
-
-
-# --------------------------------------------------------------------------------------------------- verify
-
-
-def verify(
-    ref: Annotated[str | None, typer.Argument(help="Receipt id or unique hex prefix (optional with --head).")] = None,
-    db: DbOpt = None,
-    artifacts: ArtifactsOpt = None,
-    require_artifacts: Annotated[
-        bool, typer.Option("--require-artifacts", help="Fail (exit 3) when an artifact's bytes are missing.")
-    ] = False,
-    rescore: Annotated[
-        int, typer.Option("--rescore", min=0, help="Also re-score N random documents of each eval from its checkpoint.")
-    ] = 0,
-    head: Annotated[Path | None, typer.Option("--head", help="A signed checkpoint published earlier: prove the "
-                                              "ledger extends it and includes what is verified.")] = None,
-    in_toto: Annotated[Path | None, typer.Option("--in-toto", help="Verify an attestation (DSSE envelope) "
-                                                 "instead of a receipt.")] = None,
-    log_key: LogKeyOpt = None,
-    witness_key: Annotated[list[str] | None, typer.Option("--witness-key", help="Require the head to be cosigned "
-                                                          "by this witness (key string or file). Repeatable.")]
-    = None,
-    require_signatures: Annotated[bool, typer.Option("--require-signatures", help="Fail on an unsigned receipt.")]
-    = False,
-    json_out: JsonOpt = False,
-) -> None:
-    """Recompute a receipt's id and every ancestor's, check parent links, chain rules, artifact digests and who signed
-    each receipt; with --head, that the ledger extends that head and includes them (without an id: every receipt of
-    the ledger); with --in-toto, an exported attestation."""
-    from ledger.errors import VerificationError
-
-    trusted = [_verifier(k) for k in log_key] if log_key else None
-    try:
-        if in_toto is not None:
-            _verify_attestation(in_toto, db, artifacts, trusted, json_out)
-            return
-        if ref is None and head is None:
-            raise InputError("give a receipt id, --head FILE or --in-toto FILE")
-        _verify_ledger(ref, db, artifacts, require_artifacts, rescore, head, trusted,
-                       [_verifier(k) for k in witness_key or ()], require_signatures, json_out)
-    except VerificationError as exc:
-        if json_out:  # scripts get the structured failure on stdout as well as the one line on stderr
-            emit_json({"ok": False, **exc.diagnostics()})
-        raise
-
-
-def _verify_ledger(ref: str | None, db: str | None, artifacts: Path | None, require_artifacts: bool, rescore: int,
-                   head: Path | None, trusted: list[Any] | None, witnesses: list[Any], require_signatures: bool,
-                   json_out: bool) -> None:
-    from verify.receipts import verify_receipt
-    from verify.transparency import check_signatures, verify_head
-
-    store = open_store(db)
-    report = None
-    closure: list[str] | None = None
-    if ref is not None:
-        report = verify_receipt(store, ref, artifacts=artifact_store(store.url, artifacts),
-                                require_artifacts=require_artifacts, rescore=rescore,
-                                runner=verifying._model_runner(rescore))
-        closure = [s.receipt.id for s in store.ancestors(report.receipt)]
-    signatures = check_signatures(store, closure, require=require_signatures)
-    head_report = None
-    if head is not None:
-        head_report = verify_head(store, head.read_bytes(), trusted=trusted, witnesses=witnesses, receipts=closure)
-    if json_out:
-        value: dict[str, Any] = report.to_json() if report is not None else {"ok": True}
-        value["signatures"] = signatures.to_json()
-        if head_report is not None:
-            value["log"] = head_report.to_json()
-        emit_json(value)
-        return
-    if report is not None:
-        _print_receipt_report(report)
-    else:
-        out.print(f"OK ledger: {signatures.checked} receipt(s) re-hashed, logged and signature-checked")
-    for line in signatures.lines() + (head_report.lines() if head_report is not None else []):
-        out.print(f"  {line}")
-
-
-def _print_receipt_report(report: Any) -> None:
-    """The text of a receipt's verification, as verifying.py's `verify` prints it."""
-    verified = {a.digest for a in report.artifacts if a.status == "verified"}
-    missing: dict[str, list[str]] = {}
-    for a in report.missing:
-        missing.setdefault(a.digest, []).append(a.name)
-    out.print(f"OK {report.receipt}: {report.receipts_checked} receipt(s) recomputed and chained, "
-              f"{len(verified)} distinct artifact(s) re-hashed, {len(missing)} missing")
-    for digest, names in list(missing.items())[:10]:
-        out.print(f"  missing: {digest} ({', '.join(sorted(set(names)))}, cited {len(names)}x)")
-    if len(missing) > 10:
-        out.print(f"  ... and {len(missing) - 10} more missing (see --json)")
-    for line in report.checks:
-        out.print(f"  {line}")
-
-
-def _verify_attestation(path: Path, db: str | None, artifacts: Path | None, trusted: list[Any] | None,
-                        json_out: bool) -> None:
-    """Trust the keys given, else the keys the ledger given by --db registers; with --db the ledger must also
-    extend the attested checkpoint and include the receipt."""
-    from ledger.transparency import registered_keys
-    from verify.transparency import verify_attestation
-
-    store = open_store(db) if db is not None else None
-    if trusted is None:
-        if store is None:
-            raise InputError("no trusted key: give --log-key KEY, or --db with a ledger that registers the key")
-        trusted = [k.verifier for k in registered_keys(store).values()]
-    arts = artifact_store(store.url, artifacts) if store is not None else (
-        artifact_store("", artifacts) if artifacts is not None else None)
-    result = verify_attestation(path.read_bytes(), trusted, artifacts=arts, store=store)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        for line in result.lines():
-            out.print(line)

@@ -1,14 +1,31 @@
-"""`ledger verify` and `ledger audit`: recompute receipts, their ancestry and the experiment's report."""
+"""`ledger verify` and `ledger audit`: recompute receipts, their ancestry and the experiment's report; check who
+signed each receipt, that the ledger extends a published head, and exported attestations (docs/transparency.md).
+
+`ledger verify` is one command: the recomputation of a receipt's ancestry (verify/receipts.py), then the
+tamper-evidence checks (verify/transparency.py). What it established is a :class:`Verification`, rendered in one
+place (:func:`emit_verification`, text or ``--json``), and a failure is one line (and, with ``--json``, its
+diagnostics on stdout) through :func:`failures_as_json`, whichever path (a receipt, ``--head``, ``--in-toto``) ran.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ledger.cli.common import ArtifactsOpt, DbOpt, JsonOpt, PreparedOpt, artifact_store, emit_json, open_store, out
+from ledger.errors import InputError
+
+LogKeyOpt = Annotated[
+    list[str] | None,
+    typer.Option("--log-key", help="A trusted log (operator) public key: the key string or a file holding it. "
+                 "Repeatable. Default: the keys the ledger registers."),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -17,8 +34,93 @@ def register(app: typer.Typer) -> None:
     app.command("report")(report_cmd)
 
 
+# --------------------------------------------------------------------------------------------------- verify
+
+
+@dataclass
+class Verification:
+    """What one `ledger verify` established: a receipt's ancestry recomputed (``receipt``: verify.receipts'
+    VerifyReport), who signed what was checked (``signatures``), the head it extends (``head``), or an attestation
+    (``attestation``). Each part is None when that check did not run."""
+
+    receipt: Any = None
+    signatures: Any = None
+    head: Any = None
+    attestation: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.attestation is not None:
+            return dict(self.attestation.to_json())
+        value: dict[str, Any] = self.receipt.to_json() if self.receipt is not None else {"ok": True}
+        if self.signatures is not None:
+            value["signatures"] = self.signatures.to_json()
+        if self.head is not None:
+            value["log"] = self.head.to_json()
+        return value
+
+    def lines(self) -> list[str]:
+        if self.attestation is not None:
+            return list(self.attestation.lines())
+        if self.receipt is not None:
+            lines = _receipt_lines(self.receipt)
+        else:
+            checked = self.signatures.checked if self.signatures is not None else 0
+            lines = [f"OK ledger: {checked} receipt(s) re-hashed, logged and signature-checked"]
+        for part in (self.signatures, self.head):
+            if part is not None:
+                lines += [f"  {line}" for line in part.lines()]
+        return lines
+
+
+def _receipt_lines(report: Any) -> list[str]:
+    verified = {a.digest for a in report.artifacts if a.status == "verified"}
+    missing: dict[str, list[str]] = {}
+    for a in report.missing:
+        missing.setdefault(a.digest, []).append(a.name)
+    lines = [f"OK {report.receipt}: {report.receipts_checked} receipt(s) recomputed and chained, "
+             f"{len(verified)} distinct artifact(s) re-hashed, {len(missing)} missing"]
+    lines += [f"  missing: {digest} ({', '.join(sorted(set(names)))}, cited {len(names)}x)"
+              for digest, names in list(missing.items())[:10]]
+    if len(missing) > 10:
+        lines.append(f"  ... and {len(missing) - 10} more missing (see --json)")
+    return lines + [f"  {line}" for line in report.checks]
+
+
+def emit_verification(result: Verification, json_out: bool) -> None:
+    """The one rendering of a verification that held: its JSON document, or its lines."""
+    if json_out:
+        emit_json(result.to_json())
+        return
+    for line in result.lines():
+        out.print(line)
+
+
+@contextmanager
+def failures_as_json(json_out: bool) -> Iterator[None]:
+    """A failed verification stays one line on stderr (ErrorMappingGroup); with --json, scripts also get its
+    structured diagnostics on stdout."""
+    from ledger.errors import VerificationError
+
+    try:
+        yield
+    except VerificationError as exc:
+        if json_out:
+            emit_json({"ok": False, **exc.diagnostics()})
+        raise
+
+
+def verifier_key(value: str) -> Any:
+    """A verifier key given as the key string or as a file holding it."""
+    from ledger import note
+
+    text = value
+    if "+" not in value or Path(value).is_file():
+        text = Path(value).read_text(encoding="utf-8").strip()
+    return note.Verifier.from_key(text)
+
+
 def verify(
-    ref: Annotated[str, typer.Argument(help="Receipt id or unique hex prefix.")],
+    ref: Annotated[str | None, typer.Argument(help="Receipt id or unique hex prefix (optional with --head).")] = None,
     db: DbOpt = None,
     artifacts: ArtifactsOpt = None,
     require_artifacts: Annotated[
@@ -27,35 +129,70 @@ def verify(
     rescore: Annotated[
         int, typer.Option("--rescore", min=0, help="Also re-score N random documents of each eval from its checkpoint.")
     ] = 0,
+    head: Annotated[Path | None, typer.Option("--head", help="A signed checkpoint published earlier: prove the "
+                                              "ledger extends it and includes what is verified.")] = None,
+    in_toto: Annotated[Path | None, typer.Option("--in-toto", help="Verify an attestation (DSSE envelope) "
+                                                 "instead of a receipt.")] = None,
+    log_key: LogKeyOpt = None,
+    witness_key: Annotated[list[str] | None, typer.Option("--witness-key", help="Require the head to be cosigned "
+                                                          "by this witness (key string or file). Repeatable.")]
+    = None,
+    require_signatures: Annotated[bool, typer.Option("--require-signatures", help="Fail on an unsigned receipt.")]
+    = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Recompute a receipt's id and every ancestor's, check parent links, chain rules and artifact digests."""
-    from ledger.errors import VerificationError
+    """Recompute a receipt's id and every ancestor's, check parent links, chain rules, artifact digests and who signed
+    each receipt; with --head, that the ledger extends that head and includes them (without an id: every receipt of
+    the ledger); with --in-toto, an exported attestation."""
+    with failures_as_json(json_out):
+        trusted = [verifier_key(k) for k in log_key] if log_key else None
+        if in_toto is not None:
+            result = _verify_attestation(in_toto, db, artifacts, trusted)
+        elif ref is None and head is None:
+            raise InputError("give a receipt id, --head FILE or --in-toto FILE")
+        else:
+            result = _verify_ledger(ref, db, artifacts, require_artifacts, rescore, head, trusted,
+                                    [verifier_key(k) for k in witness_key or ()], require_signatures)
+    emit_verification(result, json_out)
+
+
+def _verify_ledger(ref: str | None, db: str | None, artifacts: Path | None, require_artifacts: bool, rescore: int,
+                   head: Path | None, trusted: list[Any] | None, witnesses: list[Any],
+                   require_signatures: bool) -> Verification:
+    """A receipt's ancestry recomputed (when ``ref`` is given), then the signatures of that ancestry (else of every
+    receipt) and, with ``head``, the ledger against that head."""
     from verify.receipts import verify_receipt
+    from verify.transparency import check_signatures, verify_head
 
     store = open_store(db)
-    try:
-        report = verify_receipt(store, ref, artifacts=artifact_store(store.url, artifacts),
-                                require_artifacts=require_artifacts, rescore=rescore, runner=_model_runner(rescore))
-    except VerificationError as exc:
-        if json_out:  # scripts get the structured failure on stdout as well as the one line on stderr
-            emit_json({"ok": False, **exc.diagnostics()})
-        raise
-    if json_out:
-        emit_json(report.to_json())
-        return
-    verified = {a.digest for a in report.artifacts if a.status == "verified"}
-    missing: dict[str, list[str]] = {}
-    for a in report.missing:
-        missing.setdefault(a.digest, []).append(a.name)
-    out.print(f"OK {report.receipt}: {report.receipts_checked} receipt(s) recomputed and chained, "
-              f"{len(verified)} distinct artifact(s) re-hashed, {len(missing)} missing")
-    for digest, names in list(missing.items())[:10]:
-        out.print(f"  missing: {digest} ({', '.join(sorted(set(names)))}, cited {len(names)}x)")
-    if len(missing) > 10:
-        out.print(f"  ... and {len(missing) - 10} more missing (see --json)")
-    for line in report.checks:
-        out.print(f"  {line}")
+    result = Verification()
+    closure: list[str] | None = None
+    if ref is not None:
+        result.receipt = verify_receipt(store, ref, artifacts=artifact_store(store.url, artifacts),
+                                        require_artifacts=require_artifacts, rescore=rescore,
+                                        runner=_model_runner(rescore))
+        closure = [s.receipt.id for s in store.ancestors(result.receipt.receipt)]
+    result.signatures = check_signatures(store, closure, require=require_signatures)
+    if head is not None:
+        result.head = verify_head(store, head.read_bytes(), trusted=trusted, witnesses=witnesses, receipts=closure)
+    return result
+
+
+def _verify_attestation(path: Path, db: str | None, artifacts: Path | None, trusted: list[Any] | None
+                        ) -> Verification:
+    """Trust the keys given, else the keys the ledger given by --db registers; with --db the ledger must also
+    extend the attested checkpoint and include the receipt."""
+    from ledger.transparency import registered_keys
+    from verify.transparency import verify_attestation
+
+    store = open_store(db) if db is not None else None
+    if trusted is None:
+        if store is None:
+            raise InputError("no trusted key: give --log-key KEY, or --db with a ledger that registers the key")
+        trusted = [k.verifier for k in registered_keys(store).values()]
+    arts = artifact_store(store.url, artifacts) if store is not None else (
+        artifact_store("", artifacts) if artifacts is not None else None)
+    return Verification(attestation=verify_attestation(path.read_bytes(), trusted, artifacts=arts, store=store))
 
 
 def audit(

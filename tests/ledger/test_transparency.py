@@ -18,7 +18,7 @@ from ledger import merkle, note, tlog
 from ledger import transparency as tp
 from ledger.database import resolve_url
 from ledger.receipts import Receipt, make_receipt
-from ledger.signing import generate_key, receipt_message, save_private_key
+from ledger.signing import generate_key, receipt_message, save_private_key, sign_receipt
 from ledger.store import ENV_SIGNING_KEY, Store
 from tests.conftest import ReceiptChain
 
@@ -71,8 +71,6 @@ def test_leaf_bytes_are_exactly_as_specified() -> None:
 def test_the_worked_leaf_example_of_the_docs() -> None:
     """docs/transparency.md shows this leaf hash; the page and the code must agree."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from ledger.signing import sign_receipt
 
     rid = "blake3:" + "00" * 32
     doc = (Path(__file__).resolve().parents[2] / "docs" / "transparency.md").read_text()
@@ -280,7 +278,6 @@ def test_upgrading_to_0004_logs_the_receipts_already_stored(tmp_path: Path, make
 
 def test_the_stores_batch_signing_is_sign_receipt(make_chain: MakeChain) -> None:
     """tlog.sign_ids works out the key's label once per batch; the signatures are sign_receipt's, byte for byte."""
-    from ledger.signing import sign_receipt
     from ledger.transparency_errors import MalformedKey
 
     signer = generate_key("operator")
@@ -293,6 +290,26 @@ def test_the_stores_batch_signing_is_sign_receipt(make_chain: MakeChain) -> None
         tlog.sign_ids(note.Signer.generate("w", note.ALG_COSIGNATURE_V1), ids)
     with pytest.raises(Exception, match="blake3"):
         tlog.leaf_bytes("blake3:" + "AB" * 32)  # not canonical: uppercase hex
+
+
+def test_the_appended_leaf_hashes_are_leaf_hash(ledger_db: Path) -> None:
+    """The append path writes the unsigned and singly signed leaf's bytes out by hand: the same hashes as
+    leaf_hash, for none, one and several signatures (sorted by label)."""
+    a, b = generate_key("alice"), generate_key("bob")
+    receipts = [note_receipt(i) for i in range(6)]
+    sigs: list[tuple[tlog.LeafSignature, ...]] = [
+        (), (tlog.LeafSignature(a.verifier.label, sign_receipt(a, receipts[1].id).signature),),
+        (tlog.LeafSignature(b.verifier.label, b"\x07" * 3),),  # any length: the leaf commits to what is stored
+        tuple(tlog.LeafSignature(k.verifier.label, sign_receipt(k, receipts[3].id).signature) for k in (b, a)),
+        (), (tlog.LeafSignature("\u00e9l\u00e8ve+00000001", b"\x01" * 64),),  # a non-ASCII label
+    ]
+    with Store.open(ledger_db) as store:
+        stored = store.append_many(receipts, check=False)
+        entries = [tlog.LogEntry(s.seq, s.receipt.id, sig) for s, sig in zip(stored, sigs, strict=True)]
+        with store.engine.connect() as conn:
+            _, _, _, nodes = tlog._leaf_rows(conn, None, entries)
+    leaves = [h for _, level, _, h in nodes if level == 0]
+    assert leaves == [tlog.leaf_hash(e.receipt, e.signatures) for e in entries]
 
 
 def test_driver_errors_in_the_log_are_the_stores_typed_errors(ledger_db: Path) -> None:
