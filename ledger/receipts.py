@@ -66,6 +66,7 @@ FIELDS: Final = (
     "artifacts",
     "measurements",
 )
+_FIELD_SET: Final = frozenset(FIELDS)
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,199}$")
 
 
@@ -126,19 +127,30 @@ class Receipt:
     def from_bytes(cls, data: bytes) -> Receipt:
         """Parse canonical receipt bytes. Non-canonical bytes or a bad shape raise MalformedReceipt/NonCanonical."""
         document = digests.parse_canonical(data)  # proves data == canonical_bytes(document)
-        receipt = cls.from_document(document)
-        # So the receipt's body is ``data`` as long as the receipt holds exactly the parsed document: compare the
-        # documents (cheap) instead of encoding the bytes a second time, and keep ``data`` as the body.
-        if receipt.to_document() != document:  # cannot happen if from_document is exact; guard the invariant
-            raise MalformedReceipt("the parsed receipt differs from its document")
+        validate_fields(document)
+        receipt = cls._of_valid(document)
+        # The receipt holds exactly the parsed document (see _of_valid), so its canonical bytes are ``data``: keep
+        # them as the body instead of encoding them a second time.
         receipt.__dict__["body"] = bytes(data)  # fills the cached_property (the dataclass is frozen)
         return receipt
 
     @classmethod
     def from_document(cls, document: Any) -> Receipt:
         validate_fields(document)
-        return cls(
-            kind=document["kind"],
+        return cls._of_valid(document)
+
+    @classmethod
+    def _of_valid(cls, document: Mapping[str, Any]) -> Receipt:
+        """The receipt of a document :func:`validate_fields` accepted, checked once, not again by ``__post_init__``
+        (a stored receipt is parsed once per read: a second validation cost a fifth of scanning a ledger).
+
+        Its fields are the document's values, containers copied as ``__init__`` would (``parents`` a tuple of the
+        list's items, ``artifacts`` and ``measurements`` dicts), so ``to_document()`` equals the document.
+        tests/ledger/test_receipts.py checks that this and the validating constructor build the same receipt."""
+        receipt = object.__new__(cls)
+        kind = document["kind"]
+        receipt.__dict__.update(
+            kind=kind if type(kind) is str else str(kind),  # a Kind member: its plain value, as __post_init__ does
             run=document["run"],
             rank=document["rank"],
             step=document["step"],
@@ -148,14 +160,15 @@ class Receipt:
             artifacts=dict(document["artifacts"]),
             measurements=dict(document["measurements"]),
         )
+        return receipt
 
 
 def validate_fields(doc: Any) -> None:
     """Check a receipt document's shape; raise MalformedReceipt naming the first bad field."""
     if not isinstance(doc, dict):
         raise MalformedReceipt("body is not a JSON object")
-    keys = set(doc)
-    if keys != set(FIELDS):
+    if doc.keys() != _FIELD_SET:
+        keys = set(doc)
         missing = sorted(set(FIELDS) - keys)
         extra = sorted(keys - set(FIELDS))
         raise MalformedReceipt(f"fields: missing {missing}, unexpected {extra}")

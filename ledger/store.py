@@ -19,13 +19,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
-from ledger import chain, tlog
 from ledger.database import (
     ENV_DB,
     display_url,
@@ -62,7 +61,9 @@ from ledger.models import (
 from ledger.note import Signer
 from ledger.receipts import Receipt
 from ledger.signing import load_private_key
-from ledger.tlog import LeafSignature, LogEntry
+
+if TYPE_CHECKING:
+    from ledger.tlog import LeafSignature
 
 MIN_PREFIX = 4
 # A key file whose key signs every receipt a Store opened without an explicit signer appends: set by the main job so
@@ -70,7 +71,7 @@ MIN_PREFIX = 4
 ENV_SIGNING_KEY = "LEDGER_SIGNING_KEY"
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 _CHUNK = 500  # bound on bound parameters per IN (...) query
-_Signed = Mapping[str, tuple[LeafSignature, ...]]  # receipt id -> the signatures its leaf will commit to
+_Signed = Mapping[str, tuple["LeafSignature", ...]]  # receipt id -> the signatures its leaf will commit to
 
 # The append path's statements, built once: building a SQLAlchemy statement per call costs more than running it.
 _SEQS_BY_ID = select(ReceiptRow.id, ReceiptRow.seq, ReceiptRow.recorded_ns).where(
@@ -86,7 +87,24 @@ _INSERT_PARENTS = insert(ParentRow)
 _INSERT_ARTIFACTS = insert(ArtifactRow)
 
 
-def _closure_stmt(up: bool) -> Select[ReceiptRow]:
+# A receipt row's columns in StoredRow's order: the verifier and the scans read rows as plain tuples, not ORM
+# instances (9.8 µs per row through a session against 2.3 µs: benchmarks/README.md, audit_bench).
+_ROW_COLUMNS = (ReceiptRow.seq, ReceiptRow.id, ReceiptRow.kind, ReceiptRow.run, ReceiptRow.rank, ReceiptRow.step,
+                ReceiptRow.prepared, ReceiptRow.selection, ReceiptRow.body, ReceiptRow.recorded_ns)
+_ROWS = select(*_ROW_COLUMNS)
+_ROWS_BY_ID = _ROWS.where(ReceiptRow.id.in_(bindparam("ids", expanding=True)))
+_ROWS_AFTER = _ROWS.where(ReceiptRow.seq > bindparam("last")).order_by(ReceiptRow.seq).limit(bindparam("batch"))
+_ROW_BY_ID = _ROWS.where(ReceiptRow.id == bindparam("rid"))
+_LOCATIONS = (select(LocationRow.digest, LocationRow.uri)
+              .where(LocationRow.digest.in_(bindparam("digests", expanding=True)))
+              .order_by(LocationRow.digest, LocationRow.recorded_ns))
+_RECEIPT_LOCATIONS = (select(ReceiptRow.id, ReceiptLocationRow.name, ReceiptLocationRow.uri)
+                      .join(ReceiptRow, ReceiptRow.seq == ReceiptLocationRow.receipt_seq)
+                      .where(ReceiptRow.id.in_(bindparam("ids", expanding=True)))
+                      .order_by(ReceiptRow.id, ReceiptLocationRow.name, ReceiptLocationRow.uri))
+
+
+def _closure_stmt(up: bool) -> Select:
     """Receipt rows reachable from the one with id ``:rid`` over parent edges (up) or child edges (down)."""
     start = select(ReceiptRow.seq.label("seq")).where(ReceiptRow.id == bindparam("rid")).cte("closure", recursive=True)
     if up:
@@ -94,7 +112,7 @@ def _closure_stmt(up: bool) -> Select[ReceiptRow]:
     else:  # walks ix_receipt_parents_parent_seq
         step = select(ParentRow.child_seq).join(start, ParentRow.parent_seq == start.c.seq)
     closure = start.union(step)
-    return select(ReceiptRow).join(closure, ReceiptRow.seq == closure.c.seq).order_by(ReceiptRow.seq)
+    return _ROWS.join(closure, ReceiptRow.seq == closure.c.seq).order_by(ReceiptRow.seq)
 
 
 _ANCESTORS = _closure_stmt(up=True)
@@ -107,6 +125,15 @@ _EDGES_BY_CHILD = (
 )
 _ARTIFACTS_BY_RECEIPT = select(ArtifactRow.receipt_seq, ArtifactRow.name, ArtifactRow.digest).where(
     ArtifactRow.receipt_seq.in_(bindparam("seqs", expanding=True))
+)
+# The same for a range of seqs (lo..hi): one range of each table's primary key.
+_EDGES_IN_SPAN = (
+    select(ParentRow.child_seq, ParentRow.parent_seq, ReceiptRow.id)
+    .outerjoin(ReceiptRow, ReceiptRow.seq == ParentRow.parent_seq)
+    .where(ParentRow.child_seq.between(bindparam("lo"), bindparam("hi")))
+)
+_ARTIFACTS_IN_SPAN = select(ArtifactRow.receipt_seq, ArtifactRow.name, ArtifactRow.digest).where(
+    ArtifactRow.receipt_seq.between(bindparam("lo"), bindparam("hi"))
 )
 
 
@@ -175,6 +202,26 @@ def missing_parent(seq: int) -> str:
     return f"<no receipt at seq {seq}>"
 
 
+class StoredRow(NamedTuple):
+    """A ``receipts`` row exactly as stored, nothing parsed: what the verifier re-checks (every column but the body
+    is an index derived from it, ledger/models.py)."""
+
+    seq: int
+    id: str
+    kind: str
+    run: str | None
+    rank: int | None
+    step: int | None
+    prepared: str | None
+    selection: str | None
+    body: bytes  # str when the sqlite3 shell rewrote the BLOB as TEXT: the verifier hashes whatever is there
+    recorded_ns: int
+
+    def to_receipt(self) -> Receipt:
+        body = self.body if isinstance(self.body, bytes) else str(self.body).encode("utf-8", "surrogatepass")
+        return Receipt.from_bytes(body)
+
+
 class ParentEdge(NamedTuple):
     """A ``receipt_parents`` row as stored, its seqs turned into ids: ``child`` cites ``parent``."""
 
@@ -208,7 +255,7 @@ class Stored:
     new: bool = False
 
 
-def _parsed(row: ReceiptRow) -> Stored:
+def _parsed(row: StoredRow) -> Stored:
     """A stored row as a receipt; a body that does not parse is an error naming the receipt (ledger corruption,
     or a body written by software that did not enforce the limits of receipts.md)."""
     try:
@@ -366,6 +413,8 @@ class Store:
         keeps the signatures it was stored with: its leaf cannot change.
         """
         self._check_writable()
+        from ledger import tlog  # the chain rules and the log only where receipts are appended: reads start faster
+
         signer = signer if signer is not None else self.signer
         # Signed before the write lock is taken: signing is the costliest step of a signed append.
         signed = {} if signer is None else tlog.sign_ids(signer, (r.id for r in receipts))
@@ -398,6 +447,8 @@ class Store:
                      careful: bool) -> list[Stored]:
         # Core statements on one connection, not ORM objects: the append path is the ledger's hot loop, and ORM
         # unit-of-work and row instances cost more than the SQL itself (benchmarks/README.md).
+        from ledger import chain, tlog
+
         now = time.time_ns()
         with self._writer.begin() as conn:
             given = {r.id: r for r in receipts}
@@ -442,7 +493,7 @@ class Store:
                 seq_of.update((rid, seq) for rid, (seq, _) in stored.items())
                 new_seqs = _insert(conn, list(batch.values()), now, seq_of)
                 # The log grows in the same transaction, in the order the receipts were inserted (seq order).
-                tlog.append_leaves(conn, [LogEntry(new_seqs[rid], rid, signed.get(rid, ())) for rid in batch])
+                tlog.append_leaves(conn, [tlog.LogEntry(new_seqs[rid], rid, signed.get(rid, ())) for rid in batch])
                 stored.update((rid, (seq, now)) for rid, seq in new_seqs.items())
             out: list[Stored] = []
             for r in receipts:
@@ -464,13 +515,11 @@ class Store:
         return out
 
     @staticmethod
-    def _rows_by_id(session: Session, ids: set[str]) -> dict[str, ReceiptRow]:
-        out: dict[str, ReceiptRow] = {}
+    def _rows_by_id(conn: Connection, ids: set[str]) -> list[StoredRow]:
+        out: list[StoredRow] = []
         listed = sorted(ids)
         for i in range(0, len(listed), _CHUNK):
-            chunk = listed[i : i + _CHUNK]
-            for row in session.scalars(select(ReceiptRow).where(ReceiptRow.id.in_(chunk))):
-                out[row.id] = row
+            out.extend(map(StoredRow._make, conn.execute(_ROWS_BY_ID, {"ids": listed[i : i + _CHUNK]}).all()))
         return out
 
     @_typed_errors
@@ -483,13 +532,21 @@ class Store:
             if have is None:
                 session.add(LocationRow(digest=digest, uri=uri, recorded_ns=time.time_ns()))
 
-    @_typed_errors
     def locations(self, digest: str) -> list[str]:
         """Where the artifact's bytes may be, in the order recorded. A relative path is resolved against the
         ledger's directory, not the current one, so a ledger moved with its artifacts still finds them."""
-        with Session(self.engine) as session:
-            stmt = select(LocationRow.uri).where(LocationRow.digest == digest).order_by(LocationRow.recorded_ns)
-            return [self._resolved(u) for u in session.scalars(stmt)]
+        return self.locations_of([digest])[digest]
+
+    @_typed_errors
+    def locations_of(self, digests: Iterable[str]) -> dict[str, list[str]]:
+        """:meth:`locations` of each digest (an empty list for one without any), in a query per 500 digests."""
+        out: dict[str, list[str]] = {d: [] for d in digests}
+        listed = sorted(out)
+        with self.engine.connect() as conn:
+            for i in range(0, len(listed), _CHUNK):
+                for digest, uri in conn.execute(_LOCATIONS, {"digests": listed[i : i + _CHUNK]}).all():
+                    out[digest].append(self._resolved(uri))
+        return out
 
     def _resolved(self, uri: str) -> str:
         """A recorded location with a relative path made relative to the ledger's directory."""
@@ -523,24 +580,30 @@ class Store:
         else (a receipt written before schema 0003) every location of the digest."""
         return self.receipt_locations(rid).get(name) or self.locations(digest)
 
+    @_typed_errors
     def location_owners(self, uri: str) -> list[str]:
         """The receipts that recorded ``uri`` as their own evidence (receipt locations), in append order."""
-        with Session(self.engine) as session:
-            stmt = (select(ReceiptRow.id).join(ReceiptLocationRow, ReceiptRow.seq == ReceiptLocationRow.receipt_seq)
+        with self.engine.connect() as conn:
+            stmt = (select(ReceiptRow.id, ReceiptRow.seq)
+                    .join(ReceiptLocationRow, ReceiptRow.seq == ReceiptLocationRow.receipt_seq)
                     .where(ReceiptLocationRow.uri == uri).order_by(ReceiptRow.seq).distinct())
-            return list(session.scalars(stmt))
+            return [rid for rid, _ in conn.execute(stmt)]
 
     def receipt_locations(self, rid: str) -> dict[str, list[str]]:
         """Where receipt ``rid`` says its artifacts' bytes are: artifact name -> locations (empty if none); relative
         paths resolved as in :meth:`locations`."""
-        with Session(self.engine) as session:
-            stmt = (select(ReceiptLocationRow.name, ReceiptLocationRow.uri)
-                    .join(ReceiptRow, ReceiptRow.seq == ReceiptLocationRow.receipt_seq)
-                    .where(ReceiptRow.id == rid).order_by(ReceiptLocationRow.name, ReceiptLocationRow.uri))
-            out: dict[str, list[str]] = {}
-            for name, uri in session.execute(stmt):
-                out.setdefault(name, []).append(self._resolved(uri))
-            return out
+        return self.receipt_locations_of([rid])[rid]
+
+    @_typed_errors
+    def receipt_locations_of(self, rids: Iterable[str]) -> dict[str, dict[str, list[str]]]:
+        """:meth:`receipt_locations` of each receipt, in a query per 500 receipts."""
+        out: dict[str, dict[str, list[str]]] = {rid: {} for rid in rids}
+        listed = sorted(out)
+        with self.engine.connect() as conn:
+            for i in range(0, len(listed), _CHUNK):
+                for rid, name, uri in conn.execute(_RECEIPT_LOCATIONS, {"ids": listed[i : i + _CHUNK]}).all():
+                    out[rid].setdefault(name, []).append(self._resolved(uri))
+        return out
 
     # -------------------------------------------------------------------------------------------- reads
 
@@ -559,21 +622,22 @@ class Store:
             if len(hexpart) < MIN_PREFIX:
                 raise InputError(f"receipt prefix {ref!r} is too short: give at least {MIN_PREFIX} hex digits")
         lo = "blake3:" + hexpart
-        with Session(self.engine) as session:
+        with self.engine.connect() as conn:
             stmt = select(ReceiptRow.id).where(ReceiptRow.id >= lo, ReceiptRow.id < lo + "g").limit(16)
-            found = list(session.scalars(stmt))
+            found = list(conn.scalars(stmt))
         if not found:
             raise UnknownReceipt(ref)
         if len(found) > 1:
             raise AmbiguousReceipt(ref, found)
         return found[0]
 
+    @_typed_errors
     def ids(self, *, prepared: str) -> list[str]:
         """The stored ids of every receipt with this prepared digest, in append order (the rows' ids, whatever
         their bodies say: the verifier recomputes each)."""
-        with Session(self.engine) as session:
+        with self.engine.connect() as conn:
             stmt = select(ReceiptRow.id).where(ReceiptRow.prepared == prepared).order_by(ReceiptRow.seq)
-            return list(session.scalars(stmt))
+            return list(conn.scalars(stmt))
 
     def latest_prepared(self, prepared: str | None = None) -> str:
         """``prepared`` if a prepare receipt has that digest, else the latest prepare receipt's digest."""
@@ -587,13 +651,13 @@ class Store:
     def get(self, ref: str) -> Stored:
         """The receipt with this id or unique prefix."""
         rid = self.resolve(ref)
-        with Session(self.engine) as session:
-            return _parsed(session.scalars(select(ReceiptRow).where(ReceiptRow.id == rid)).one())
+        with self.engine.connect() as conn:
+            return _parsed(StoredRow._make(conn.execute(_ROW_BY_ID, {"rid": rid}).one()))
 
     @_typed_errors
     def contains(self, rid: str) -> bool:
-        with Session(self.engine) as session:
-            return session.scalar(select(ReceiptRow.seq).where(ReceiptRow.id == rid)) is not None
+        with self.engine.connect() as conn:
+            return conn.scalar(select(ReceiptRow.seq).where(ReceiptRow.id == rid)) is not None
 
     @_typed_errors
     def find(
@@ -608,7 +672,7 @@ class Store:
         limit: int | None = None,
     ) -> list[Stored]:
         """Receipts matching every given field, in append order."""
-        stmt = select(ReceiptRow).order_by(ReceiptRow.seq)
+        stmt = _ROWS.order_by(ReceiptRow.seq)
         for column, value in (
             (ReceiptRow.kind, kind),
             (ReceiptRow.run, run),
@@ -621,20 +685,18 @@ class Store:
                 stmt = stmt.where(column == value)
         if limit is not None:
             stmt = stmt.limit(limit)
-        with Session(self.engine) as session:
-            return [_parsed(row) for row in session.scalars(stmt)]
+        with self.engine.connect() as conn:
+            return [_parsed(StoredRow._make(row)) for row in conn.execute(stmt).all()]
 
     @_typed_errors
     def count(self) -> int:
-        with Session(self.engine) as session:
-            return int(session.scalar(text("SELECT count(*) FROM receipts")) or 0)
+        with self.engine.connect() as conn:
+            return int(conn.scalar(text("SELECT count(*) FROM receipts")) or 0)
 
-    def _closure(self, rid: str, up: bool) -> list[ReceiptRow]:
+    def _closure(self, rid: str, up: bool) -> list[StoredRow]:
         """Ancestors (up) or descendants of ``rid``, itself included, in one recursive query over seqs."""
-        with Session(self.engine) as session:
-            rows = list(session.scalars(_ANCESTORS if up else _DESCENDANTS, {"rid": rid}))
-            session.expunge_all()
-            return rows
+        with self.engine.connect() as conn:
+            return list(map(StoredRow._make, conn.execute(_ANCESTORS if up else _DESCENDANTS, {"rid": rid}).all()))
 
     @_typed_errors
     def ancestors(self, ref: str) -> list[Stored]:
@@ -649,48 +711,53 @@ class Store:
     # ----------------------------------------------------------------------------- raw rows for verify
 
     @_typed_errors
-    def raw_closure(self, rid: str) -> tuple[list[ReceiptRow], list[ParentEdge], list[ArtifactRef]]:
+    def raw_closure(self, rid: str) -> tuple[list[StoredRow], list[ParentEdge], list[ArtifactRef]]:
         """Rows of a receipt's ancestry exactly as stored (nothing parsed), for the verifier to re-check."""
         rows = self._closure(rid, True)
         return (rows, *self._index_rows(rows))
 
     @_typed_errors
-    def raw_rows(self, ids: Iterable[str]) -> tuple[list[ReceiptRow], list[ParentEdge], list[ArtifactRef]]:
+    def raw_rows(self, ids: Iterable[str]) -> tuple[list[StoredRow], list[ParentEdge], list[ArtifactRef]]:
         """The rows of these receipts (those stored) and their index rows, exactly as stored."""
-        with Session(self.engine) as session:
-            rows = list(self._rows_by_id(session, set(ids)).values())
-            session.expunge_all()
+        with self.engine.connect() as conn:
+            rows = self._rows_by_id(conn, set(ids))
         return (rows, *self._index_rows(rows))
 
-    def _index_rows(self, rows: list[ReceiptRow]) -> tuple[list[ParentEdge], list[ArtifactRef]]:
+    def _index_rows(self, rows: list[StoredRow]) -> tuple[list[ParentEdge], list[ArtifactRef]]:
         """The edge and artifact rows of ``rows``, their seqs turned back into receipt ids.
 
         A parent seq with no receipt row (a row deleted behind the library's back) comes back as
         :func:`missing_parent` so that the verifier sees the edge and reports it.
+
+        Rows whose seqs are dense (an experiment's receipts, read a batch at a time) have their index rows read as
+        one range of each table's primary key, the few rows of other receipts in it left out; others by seq lists.
         """
-        # Plain column tuples, not ORM instances: a 1,000-deep verify reads thousands of these (benchmarks/README.md)
         id_of = {r.seq: r.id for r in rows}
         seqs = sorted(id_of)
+        if not seqs:
+            return [], []
+        dense = seqs[-1] - seqs[0] < 2 * len(seqs)
+        spans = ([{"lo": seqs[0], "hi": seqs[-1]}] if dense
+                 else [{"seqs": seqs[i : i + _CHUNK]} for i in range(0, len(seqs), _CHUNK)])
+        edges_stmt, arts_stmt = (_EDGES_IN_SPAN, _ARTIFACTS_IN_SPAN) if dense else (_EDGES_BY_CHILD,
+                                                                                     _ARTIFACTS_BY_RECEIPT)
         edges: list[ParentEdge] = []
         arts: list[ArtifactRef] = []
         with self.engine.connect() as conn:
-            for i in range(0, len(seqs), _CHUNK):
-                chunk = {"seqs": seqs[i : i + _CHUNK]}
+            for span in spans:
                 edges.extend(ParentEdge(id_of[child], parent if parent is not None else missing_parent(pseq))
-                             for child, pseq, parent in conn.execute(_EDGES_BY_CHILD, chunk))
+                             for child, pseq, parent in conn.execute(edges_stmt, span).all() if child in id_of)
                 arts.extend(ArtifactRef(id_of[rseq], name, digest)
-                            for rseq, name, digest in conn.execute(_ARTIFACTS_BY_RECEIPT, chunk))
+                            for rseq, name, digest in conn.execute(arts_stmt, span).all() if rseq in id_of)
         return edges, arts
 
-    def iter_rows(self, batch: int = 5000) -> Iterator[ReceiptRow]:
+    def iter_rows(self, batch: int = 5000) -> Iterator[StoredRow]:
         """Every receipt row in append order, streamed in batches (bounded memory)."""
         last = 0
         while True:
             try:  # a generator: the decorator would return before the first query runs
-                with Session(self.engine) as session:
-                    stmt = select(ReceiptRow).where(ReceiptRow.seq > last).order_by(ReceiptRow.seq).limit(batch)
-                    rows = list(session.scalars(stmt))
-                    session.expunge_all()
+                with self.engine.connect() as conn:
+                    rows = list(map(StoredRow._make, conn.execute(_ROWS_AFTER, {"last": last, "batch": batch}).all()))
             except DBAPIError as exc:
                 raise database_error(self.url, exc) from exc
             if not rows:

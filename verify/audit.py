@@ -36,11 +36,14 @@ def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *
           progress: Callable[[str], None] | None = None) -> AuditResult:
     """Verify every receipt the report draws on, build the report, and (``record``) append audit + settlement."""
     digest = store.latest_prepared(prepared)
-    report, cited = build_report(store, digest)
-    checks: list[str] = []
     # One verifier for every cited receipt: their ancestries overlap (the prepare, the training chains, the evals),
     # and each row, chain rule, kind check, artifact copy and checkpoint state is verified once for the audit.
     verifier = Verifier(store, artifacts, require_artifacts=True)
+    # The experiment's report pages (earlier `ledger report --record`) start rendering on a worker process now, the
+    # slowest check of an audit, so that they are ready when verification reaches them.
+    verifier.prefetch(_reports(store, digest))
+    report, cited = build_report(store, digest)
+    checks: list[str] = []
     for r in cited:
         if progress:
             progress(f"verifying {r.kind} {r.id[:19]}")
@@ -69,3 +72,11 @@ def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *
         artifacts.put_bytes(report_bytes)
         store.append_many([result.receipt, result.settlement])
     return result
+
+
+def _reports(store: Store, digest: str) -> list[Receipt]:
+    """The report receipts of the experiment, as stored (not verified yet: only for Verifier.prefetch)."""
+    try:
+        return [s.receipt for s in store.find(kind="report", prepared=digest)]
+    except Exception:  # noqa: BLE001 - a row that does not parse, say: the verification names it in its turn
+        return []

@@ -11,7 +11,8 @@ chain rule and kind checks run once, each artifact place is re-hashed once, each
 the ledger is asked each question once. It remembers only what held, and the same receipts fail with the same
 errors as one :func:`verify_receipt` each. :meth:`Verifier.verify_many` verifies a whole experiment's receipts (all
 of an audit's) a batch of rows at a time, each receipt whose ancestry is verified checked alone: linear in the
-number of receipts, not in the sum of their ancestries.
+number of receipts, not in the sum of their ancestries. :meth:`Verifier.prefetch` starts the one slow check (a report
+page's rendering) on a worker process ahead of its turn; the check still runs in its turn, on its own inputs.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from typing import Any, Literal
 from ledger import chain, digests
 from ledger.artifacts import ArtifactStore, path_from_uri
 from ledger.errors import DigestMismatch, LedgerError, MissingArtifact, RecordInvalid, RecordMismatch, VerificationError
-from ledger.models import ReceiptRow
 from ledger.receipts import Receipt
 from ledger.state import CheckpointState, StateCache, prefetch_states, recompute
-from ledger.store import ArtifactRef, ParentEdge, Store
+from ledger.store import ArtifactRef, ParentEdge, Store, StoredRow
 from verify.checks import checks_for
 from verify.context import KindCheckContext, Memo, ModelRunner
+from verify.report_page import start_rendering
 
 ArtifactStatus = Literal["verified", "missing"]
 
@@ -72,23 +73,17 @@ class VerifyReport:
 
 
 _COLUMNS = ("kind", "run", "rank", "step", "prepared", "selection")
+assert StoredRow._fields[2:8] == _COLUMNS
 
 
-def _columns(row: ReceiptRow) -> dict[str, Any]:
-    """The row's loaded columns. A verifier reads thousands of rows, and an ORM attribute costs a descriptor call
-    each time it is read: the loaded values sit in the instance's ``__dict__`` (anything missing is read through
-    the attribute)."""
-    loaded = vars(row)
-    names = ("id", "body", *_COLUMNS)
-    if all(name in loaded for name in names):
-        return loaded
-    return {name: getattr(row, name) for name in names}
+def _index_columns(row: StoredRow) -> tuple[Any, ...]:
+    """The row's index columns (those of _COLUMNS), in that order."""
+    return row[2:8]
 
 
-def check_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> Receipt:
+def check_row(row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> Receipt:
     """Integrity of one stored receipt: its id, its body, and the index rows derived from the body."""
-    col = _columns(row)
-    rid, body = col["id"], col["body"]
+    rid, body = row.id, row.body
     # sqlite3's replace()/substr() on a BLOB store TEXT; hash whatever bytes the row holds, never crash on it
     body = body if isinstance(body, bytes) else str(body).encode("utf-8", "surrogatepass")
     actual = digests.receipt_id(body)
@@ -101,9 +96,11 @@ def check_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef])
         raise RecordInvalid.at(f"receipt {rid}: body is not a valid receipt: {exc.one_line()}",
                                receipt=rid, field="body", expected="a receipt body", actual=exc.one_line()) from exc
     receipt.__dict__["id"] = actual  # the digest of its body, just computed: fills the cached_property
-    for name in _COLUMNS:
-        if col[name] != getattr(receipt, name):
-            raise RecordMismatch(rid, name, expected=getattr(receipt, name), actual=col[name])
+    columns = _index_columns(row)
+    if columns != (receipt.kind, receipt.run, receipt.rank, receipt.step, receipt.prepared, receipt.selection):
+        for name, stored in zip(_COLUMNS, columns, strict=True):
+            if stored != getattr(receipt, name):
+                raise RecordMismatch(rid, name, expected=getattr(receipt, name), actual=stored)
     stored_parents = sorted(e.parent for e in edges)
     if stored_parents != list(receipt.parents) and not _deleted_parents_only(stored_parents, receipt.parents):
         raise RecordMismatch(rid, "parents", expected=list(receipt.parents), actual=stored_parents)
@@ -146,11 +143,11 @@ class _Known:
     checkpoints: dict[Path, CheckpointState] = field(default_factory=dict)  # directory -> verified against manifest
 
 
-def _checked_row(row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef], known: _Known | None) -> Receipt:
+def _checked_row(row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef], known: _Known | None) -> Receipt:
     """:func:`check_row`, once per distinct stored row (id, body, index columns, edges and artifact rows)."""
     if known is None:
         return check_row(row, edges, arts)
-    key = (row.id, row.body, tuple(getattr(row, c) for c in _COLUMNS), tuple(sorted(e.parent for e in edges)),
+    key = (row.id, row.body, _index_columns(row), tuple(sorted(e.parent for e in edges)),
            tuple(sorted((a.name, a.digest) for a in arts)))
     receipt = known.rows.get(key)
     if receipt is None:
@@ -236,6 +233,7 @@ class Verifier:
         self._known = _Known()
         self._memo = Memo()
         self._states = StateCache()
+        self._prefetched: set[str] = set()
 
     @property
     def rescore_seed(self) -> int:
@@ -251,6 +249,27 @@ class Verifier:
         """The receipts this verifier has verified (their rows, chain rules and checks held)."""
         return self._known.chained
 
+    def prefetch(self, receipts: Iterable[Receipt], ancestry: Mapping[str, Receipt] | None = None) -> None:
+        """Start the slow recomputation of these receipts' checks now, on a worker process, so that it is done by the
+        time verification reaches them: the page of a ``report`` receipt (rendering it takes matplotlib about a
+        second, verify/report_page.py). The receipts need not be verified yet (their parents are looked up in
+        ``ancestry``, else in the ledger): the check computes its inputs again when it runs and uses a prefetched
+        result only for exactly the same inputs."""
+        if self.artifacts is None:
+            return
+        for r in receipts:
+            if r.kind != "report" or r.id in self._prefetched:
+                continue
+            self._prefetched.add(r.id)
+            for p in r.parents:
+                try:
+                    parent = ancestry[p] if ancestry is not None and p in ancestry else self.store.get(p).receipt
+                except Exception:  # noqa: BLE001 - not verified yet: verification meets it in its turn
+                    continue
+                if parent.kind == "audit":
+                    start_rendering(self.store, self.artifacts, r, parent, self._memo)
+                    break
+
     def verify(self, ref: str, *, progress: Callable[[str], None] | None = None) -> VerifyReport:
         """Verify the receipt ``ref`` (id or unique prefix) and every ancestor, as :func:`verify_receipt` does."""
         with _cycles_collected_after():
@@ -261,6 +280,7 @@ class Verifier:
         rid = self.store.resolve(ref)
         with self._states.active():  # each checkpoint state is read once, by whichever check needs it first
             closure = load_verified_closure(self.store, rid, known=known)
+            self.prefetch((r for r in closure.values() if r.kind == "report" and r.id not in known.chained), closure)
             ordered = chain.topological(closure.values())
             for r in ordered:
                 if r.id not in known.chained:
@@ -310,6 +330,7 @@ class Verifier:
         for start in range(0, len(todo), _BATCH):
             batch = [rid for rid in todo[start : start + _BATCH] if rid not in known.chained]
             rows, edges, arts = self.store.raw_rows([rid for rid in batch if digests.is_digest(rid)])
+            self.prefetch(_parsed_unverified(row) for row in rows if row.kind == "report")
             by_id = {row.id: row for row in rows}
             by_child: dict[str, list[ParentEdge]] = {}
             for e in edges:
@@ -327,12 +348,12 @@ class Verifier:
                 lines.extend(self.verify(rid).checks if alone is None else alone)
         return lines
 
-    def _alone(self, row: ReceiptRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> list[str] | None:
+    def _alone(self, row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> list[str] | None:
         """Verify one stored receipt whose parents this verifier has all verified, as :meth:`verify` would (the
         rest of its ancestry held already); None, having checked nothing but its row, when that does not apply."""
         known = self._known
         receipt = check_row(row, edges, arts)  # a new row: no cache to look in, nor to fill (verify has its own)
-        known.receipts[receipt.id] = (vars(row).get("seq") or row.seq, receipt)
+        known.receipts[receipt.id] = (row.seq, receipt)
         parents = receipt.parents
         if len(edges) != len(parents) or sorted(e.parent for e in edges) != list(parents):
             return None
@@ -369,6 +390,15 @@ class Verifier:
 
 
 _BATCH = 2000  # rows read at a time by Verifier.verify_many
+
+
+def _parsed_unverified(row: StoredRow) -> Receipt:
+    """A row's receipt for :meth:`Verifier.prefetch`, before its row is checked; a body that does not parse is an
+    ordinary note (prefetch skips it, and check_row reports it in its turn)."""
+    try:
+        return row.to_receipt()
+    except Exception:  # noqa: BLE001 - check_row reports it in its turn
+        return Receipt(kind="note")
 
 
 @contextmanager
@@ -459,14 +489,21 @@ def check_artifacts(
     # Receipts whose artifacts an earlier call of the same Verifier checked keep their results: their places held.
     todo = [r for r in receipts if r.id not in known.artifacts]
 
+    # The ledger is asked about every receipt and digest of this call at once, not one query each.
+    asked = [r for r in todo if r.artifacts]
+    by_receipt = store.receipt_locations_of([r.id for r in asked]) if len(asked) > 1 else {}
+    by_digest = store.locations_of({d for r in asked for d in r.artifacts.values()}) if len(asked) > 1 else {}
+
     def locations(digest: str) -> list[str]:
-        return memo.once(("locations", digest), lambda: store.locations(digest))
+        return memo.once(("locations", digest),
+                         lambda: by_digest[digest] if digest in by_digest else store.locations(digest))
 
     def owners_of(path: str) -> list[str]:
         return memo.once(("location owners", path), lambda: store.location_owners(path))
 
     def recorded_by(rid: str) -> dict[str, list[str]]:
-        return memo.once(("receipt locations", rid), lambda: store.receipt_locations(rid))
+        return memo.once(("receipt locations", rid),
+                         lambda: by_receipt[rid] if rid in by_receipt else store.receipt_locations(rid))
 
     def receipt_of(rid: str) -> Receipt:
         return memo.once(("receipt", rid), lambda: store.get(rid).receipt)

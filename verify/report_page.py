@@ -3,10 +3,24 @@ verify/figures.py), record the page's digest in a ``report`` receipt, and re-ren
 
 Rendering is deterministic (the same ledger gives the same bytes), so `ledger verify` of a report receipt renders
 the page again from the audit it cites and compares digests: a page edited after the fact fails.
+
+Rendering is the one slow check of an audit: matplotlib draws every figure (about a second, its import included,
+against a few hundred milliseconds for the rest of an audit of the default experiment). It is not skipped: each
+page is rendered once per verification, and :func:`start_rendering` lets it run early on a worker process (the
+same interpreter and code, ``render_report`` on the same inputs) while the rest of the verification goes on. The
+check then computes the page's inputs itself, as always, and takes the worker's page only when the worker rendered
+exactly those inputs; otherwise (no worker, different inputs, a worker that failed) it renders the page in-process.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from ledger import digests
@@ -15,7 +29,7 @@ from ledger.errors import DigestMismatch, RecordInvalid
 from ledger.experiment.formats import REPORT_HTML_FORMAT
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from verify.context import KindCheckContext
+from verify.context import KindCheckContext, Memo
 from verify.figures import report_figures
 
 
@@ -46,9 +60,141 @@ def check_report_page(ctx: KindCheckContext) -> list[str]:
                                    "rendered again", receipt=r.id, field="artifacts.html",
                                    expected=audit.artifacts["report"], actual="missing")
         return [f"report {r.id[:19]}: the audit's report is missing, page not rendered again"]
-    page = render_page(ctx.store, ctx.artifacts, audit, digests.parse_canonical(data), r.measurements["log_head"])
+    report = digests.parse_canonical(data)
+    figures = report_figures(ctx.store, ctx.artifacts, audit, report, r.measurements["log_head"])
+    page = _rendered(ctx.memo, report, figures)
     again = digests.raw_digest(page)
     if again != r.artifacts["html"]:
         raise DigestMismatch("the report page rendered again from its audit", expected=r.artifacts["html"],
                              actual=again, receipt=r.id, field="artifacts.html")
     return [f"report {r.id[:19]}: the page renders again from audit {audit.id[:19]}, byte for byte"]
+
+
+# ----------------------------------------------------------------------------------- rendering early
+
+
+def start_rendering(store: Store, artifacts: ArtifactStore, receipt: Receipt, audit: Receipt, memo: Memo) -> None:
+    """Start rendering the page of report receipt ``receipt`` (citing ``audit``) on a worker process, for a later
+    :func:`check_report_page` with the same ``memo`` to use. Nothing here is trusted: the receipts may not be
+    verified yet, and whatever goes wrong (a missing report, a malformed receipt) only means that the check renders
+    the page itself, and meets the problem there.
+
+    A process that has rendered a page before (matplotlib loaded, its fonts read) renders the next in about half
+    what a worker takes to start, import matplotlib and render it: there no worker is started."""
+    if _WARM_MODULE in sys.modules:
+        return
+    worker = _Worker()  # first: it imports matplotlib while the inputs are assembled here
+    try:
+        data = artifacts.get_bytes(audit.artifacts["report"])
+        report = digests.parse_canonical(data) if data is not None else None
+        figures = (report_figures(store, artifacts, audit, report, receipt.measurements.get("log_head"))
+                   if report is not None else None)
+    except Exception:  # noqa: BLE001 - whatever it is, the check meets it in its turn
+        report = figures = None
+    wire = _wire(report, figures) if report is not None and figures is not None else None
+    pages = _pages(memo)
+    if wire is None or wire in pages:
+        worker.cancel()
+        return
+    pages[wire] = worker.render(wire)
+
+
+def _pages(memo: Memo) -> dict[bytes, Future[bytes | None]]:
+    """The pages workers render (or have rendered) in this verification, keyed by the exact inputs they were
+    given."""
+    return memo.once(("report pages",), dict)
+
+
+def _rendered(memo: Memo, report: dict[str, Any], figures: dict[str, Any]) -> bytes:
+    """``render_report(report, figures)``: the worker's page if one rendered exactly these inputs, else rendered
+    here."""
+    wire = _wire(report, figures)
+    future = _pages(memo).get(wire) if wire is not None else None
+    page = future.result() if future is not None else None
+    if page is None:
+        from verify.report_html import render_report
+
+        page = render_report(report, figures)
+    return page
+
+
+def _wire(report: dict[str, Any], figures: dict[str, Any]) -> bytes | None:
+    """The inputs as JSON text that a worker parses back into exactly these values (types, key order, floats), or
+    None when JSON cannot carry them exactly (a tuple, a non-string key, a subclass): those render in-process."""
+    value = [report, figures]
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=True).encode("utf-8")
+    except (TypeError, ValueError):
+        return None
+    return text if _same(json.loads(text), value) else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same JSON value to the letter: same types, same keys in the same order."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return (list(a) == list(b) and all(type(k) is str for k in a)
+                and all(_same(x, b[k]) for k, x in a.items()))
+    if type(a) is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is float and a != a:
+        return b != b  # NaN
+    return bool(a == b) and type(a) in (str, int, float, bool, type(None))
+
+
+_WARM_MODULE = "matplotlib.backends.backend_svg"  # imported by the first page this process renders
+_WORKER_TIMEOUT_S = 600.0  # a worker still rendering after this is killed, and the check renders in-process
+
+# The worker: this interpreter with this checkout's packages first on its path, rendering what it reads on stdin.
+# matplotlib is imported before the inputs arrive (that is half of the worker's time).
+_WORKER = """
+import json, sys
+import matplotlib.backends.backend_svg, matplotlib.figure, matplotlib.style, matplotlib.ticker
+from verify.report_html import render_report
+report, figures = json.loads(sys.stdin.buffer.read())
+sys.stdout.buffer.write(render_report(report, figures))
+"""
+
+
+class _Worker:
+    """A worker process that renders one page (see :data:`_WORKER`)."""
+
+    def __init__(self) -> None:
+        root = str(Path(__file__).resolve().parent.parent)  # where the verify and ledger packages are
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self._proc: subprocess.Popen[bytes] | None = None
+        if not sys.executable:  # an embedded interpreter: no worker, the check renders in-process
+            return
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        except (OSError, ValueError):
+            self._proc = None
+
+    def cancel(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.communicate()
+
+    def render(self, wire: bytes) -> Future[bytes | None]:
+        """The page rendered from ``wire``; None if the worker could not render it."""
+        future: Future[bytes | None] = Future()
+        proc = self._proc
+        if proc is None:
+            future.set_result(None)
+            return future
+
+        def wait() -> None:
+            try:
+                page, _ = proc.communicate(wire, timeout=_WORKER_TIMEOUT_S)
+                future.set_result(page if proc.returncode == 0 else None)
+            except BaseException:  # noqa: BLE001 - a worker that fails or hangs: the check renders in-process
+                proc.kill()
+                proc.communicate()
+                future.set_result(None)
+
+        # A daemon thread: a verification that fails early does not wait for the worker at exit (the worker, its
+        # pipe closed, ends on its own).
+        threading.Thread(target=wait, name="report-page-worker", daemon=True).start()
+        return future

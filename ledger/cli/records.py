@@ -1,4 +1,5 @@
-"""`ledger init`, `append`, `show` and `log`: writing and reading receipts. Fast: nothing here imports torch."""
+"""`ledger init`, `append`, `show` and `log`: writing and reading receipts. Fast: nothing here imports torch, and rich
+only to print a table."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from ledger.cli.common import DbOpt, JsonOpt, emit_json, open_store, out
 from ledger.errors import InputError
@@ -79,6 +79,8 @@ def show(
     if json_out:
         emit_json(_receipt_json(stored))
         return
+    from rich.table import Table  # only for the table: --json and --raw start without rich
+
     table = Table(title=f"{r.kind} receipt", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
@@ -122,6 +124,8 @@ def log(
     if json_out:
         emit_json([_receipt_json(s) for s in found])
         return
+    from rich.table import Table
+
     table = Table(show_edge=False)
     for col in ("seq", "id", "kind", "run", "rank", "step", "parents"):
         table.add_column(col)

@@ -1,17 +1,22 @@
 """`ledger digest` and `ledger compare`: checkpoint state digests and exact comparison, read by ledger.state
-without torch and compared by verify.state."""
+without torch and compared by verify.state.
+
+rich is imported only to print tables or a progress bar: `ledger digest --json` hashes at the speed of b3sum and
+should start nearly as fast (benchmarks/README.md, audit_bench)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ledger.cli.common import DbOpt, JsonOpt, emit_json, err, open_store, out, print_wide
 from ledger.errors import EXIT_FAILED, InputError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def register(app: typer.Typer) -> None:
@@ -28,11 +33,9 @@ class _ProgressBar:
     DELAY = 1.0
 
     def __init__(self, label: str, console: Console | None = None) -> None:
-        import time
-
         self._clock = time.monotonic
         self._start = self._clock()
-        self._console = console or err
+        self._console = console or err  # err is made (and rich imported) only once the bar may show
         self._label = label
         self._done = 0
         self._bar: Any = None
@@ -41,7 +44,7 @@ class _ProgressBar:
     def __call__(self, advance: int, total: int) -> None:
         self._done += advance
         if self._bar is None:
-            if not self._console.is_terminal or self._clock() - self._start < self.DELAY:
+            if self._clock() - self._start < self.DELAY or not self._console.is_terminal:
                 return
             from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
@@ -89,6 +92,8 @@ def digest(
     if json_out:
         emit_json(result)
         return
+    from rich.table import Table
+
     out.print(f"{state.kind} {path}")
     out.print(f"digest {state.digest}")
     table = Table(show_edge=False, title="components", title_justify="left")
@@ -160,6 +165,8 @@ def compare(
     if json_out:
         emit_json(report.to_json())
     else:
+        from rich.table import Table
+
         out.print(f"A {report.a}  {report.digest_a}")
         out.print(f"B {report.b}  {report.digest_b}")
         table = Table(show_edge=False)

@@ -8,7 +8,7 @@ import pytest
 
 from ledger import digests
 from ledger.errors import MalformedReceipt, NonCanonical
-from ledger.receipts import FIELDS, KINDS, SCHEMA_VERSION, Receipt, make_receipt, parse_receipt
+from ledger.receipts import FIELDS, KINDS, SCHEMA_VERSION, Kind, Receipt, make_receipt, parse_receipt
 
 D1 = digests.raw_digest(b"one")
 D2 = digests.raw_digest(b"two")
@@ -184,3 +184,23 @@ def test_parse_receipt_tolerates_exactly_one_trailing_newline() -> None:
     for bad in (r.body + b"\n\n", r.body + b"\r\n", r.body + b" \n", b"\n" + r.body):
         with pytest.raises(NonCanonical):
             parse_receipt(bad)
+
+
+@pytest.mark.parametrize("receipt", [
+    full_receipt(),
+    make_receipt("note"),
+    make_receipt("eval", run="eval/x", measurements={"nested": {"a": [1, 2.5, None, {"b": "c"}]}, "flag": True}),
+], ids=["full", "bare", "nested"])
+def test_parsing_builds_what_the_validating_constructor_builds(receipt: Receipt) -> None:
+    """from_bytes validates once and builds the receipt without __post_init__: the same fields, of the same types,
+    whose canonical bytes are the parsed ones."""
+    parsed = Receipt.from_bytes(receipt.body)
+    names = ("kind", "run", "rank", "step", "prepared", "selection", "parents", "artifacts", "measurements")
+    built = Receipt(**{name: getattr(parsed, name) for name in names})
+    for name in names:
+        assert getattr(parsed, name) == getattr(built, name) == getattr(receipt, name), name
+        assert type(getattr(parsed, name)) is type(getattr(built, name)), name
+    assert parsed.to_document() == digests.parse_canonical(receipt.body)
+    assert digests.canonical_bytes(parsed.to_document()) == receipt.body == parsed.body
+    assert parsed.id == receipt.id and Receipt.from_document(parsed.to_document()) == receipt
+    assert type(Receipt.from_document({**parsed.to_document(), "kind": Kind(receipt.kind)}).kind) is str

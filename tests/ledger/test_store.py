@@ -27,7 +27,7 @@ from ledger.errors import (
     UnknownSchema,
 )
 from ledger.receipts import Receipt, make_receipt
-from ledger.store import Store, Stored
+from ledger.store import ArtifactRef, ParentEdge, Store, Stored, StoredRow
 from tests.conftest import ReceiptChain
 from tests.pg import raw_count, raw_rows
 from verify.receipts import verify_receipt
@@ -409,3 +409,37 @@ def test_iter_rows_streams_in_append_order(store: Store) -> None:
     assert [row.id for row in rows] == [r.id for r in receipts]
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM receipts")).scalar() == 12
+
+
+def test_rows_are_plain_tuples_of_every_column_as_stored(store: Store) -> None:
+    """iter_rows, raw_rows and raw_closure read rows as StoredRow tuples (no ORM instance per row), every column."""
+    root = note(0, run="r", rank=1, step=2, prepared=digests.raw_digest(b"p"))
+    child = note(1, parents=[root], prepared=root.prepared, selection=digests.raw_digest(b"s"),
+                 artifacts={"a": digests.raw_digest(b"a")})
+    stored = {s.receipt.id: s for s in store.append_many([root, child])}
+    closure, edges, arts = store.raw_closure(child.id)
+    for rows in (list(store.iter_rows(batch=1)), store.raw_rows([child.id, root.id, "blake3:absent"])[0], closure):
+        assert sorted(row.id for row in rows) == sorted([root.id, child.id])
+        for row in rows:
+            assert isinstance(row, StoredRow) and type(row.body) is bytes
+            r, s = stored[row.id].receipt, stored[row.id]
+            assert row == (s.seq, r.id, r.kind, r.run, r.rank, r.step, r.prepared, r.selection, r.body, s.recorded_ns)
+            assert row.to_receipt() == r
+    assert edges == [ParentEdge(child.id, root.id)]
+    assert arts == [ArtifactRef(child.id, "a", digests.raw_digest(b"a"))]
+
+
+def test_locations_of_many_digests_and_receipts_in_one_call(store: Store) -> None:
+    a, b, none = (digests.raw_digest(x) for x in (b"a", b"b", b"none"))
+    store.add_location(a, "/first/a")
+    store.add_location(b, "/only/b")
+    store.add_location(a, "/second/a")
+    assert store.locations_of([a, b, none]) == {a: ["/first/a", "/second/a"], b: ["/only/b"], none: []}
+    assert store.locations_of([]) == {}
+    r = note(0, artifacts={"x": a, "y": b})
+    other = note(1)
+    store.append_many([r, other])
+    store.add_receipt_locations(r.id, {"x": "/first/a", "y": "/only/b"})
+    assert store.receipt_locations_of([r.id, other.id]) == {r.id: {"x": ["/first/a"], "y": ["/only/b"]}, other.id: {}}
+    assert store.receipt_locations(r.id) == {"x": ["/first/a"], "y": ["/only/b"]}
+    assert store.location_owners("/first/a") == [r.id]
