@@ -2,8 +2,8 @@
 
 * :func:`request_set`: a deterministic, content-addressed selection of held-out task documents, interleaved across
   families and variants; its digest is :func:`ledger.serving_digests.request_set_digest`.
-* :func:`run_phase`: ``concurrency`` workers take the requests in index order. Request ``i`` goes to endpoint
-  ``i mod n``, or the next live one after it; an attempt that meets a dead endpoint (connection refused or reset,
+* :func:`run_phase`: ``concurrency`` workers take the requests in index order. Request ``i`` goes to the live endpoint
+  with the fewest requests in flight (ties: ``i mod n``, then the ones after it); an attempt that meets a dead endpoint (connection refused or reset,
   timeout, a 5xx, an unreadable answer) marks that endpoint unavailable (with the error class name) and is retried
   on the next live endpoint, counted as a retry. A 4xx is the final answer (the request was wrong, not the
   replica). Every figure of the phase record is computed from the request log by :mod:`verify.serving`, the
@@ -120,19 +120,24 @@ def check_endpoints(endpoints: Sequence[str], *, allow_remote: bool = False) -> 
 
 
 class _Failover:
-    """Which endpoints are still live, and the order request ``i`` tries them in."""
+    """Which endpoints are still live, and which one request ``i`` tries next: the live, untried endpoint with the
+    fewest requests in flight (a least-outstanding-requests balancer), ties broken in the order ``i, i + 1, ...``
+    modulo the endpoints. Routing by index alone queued a request behind a busy replica while another sat idle: a
+    fifth of the cores went unused in the four-replica phase (benchmarks/README.md, serve_bench)."""
 
     def __init__(self, endpoints: Sequence[str]) -> None:
         self.endpoints = list(endpoints)
         self.dead: dict[str, str] = {}
+        self.in_flight: dict[str, int] = dict.fromkeys(self.endpoints, 0)
 
     def next_live(self, index: int, tried: set[str]) -> str | None:
         n = len(self.endpoints)
+        best: str | None = None
         for k in range(n):
             ep = self.endpoints[(index + k) % n]
-            if ep not in self.dead and ep not in tried:
-                return ep
-        return None
+            if ep not in self.dead and ep not in tried and (best is None or self.in_flight[ep] < self.in_flight[best]):
+                best = ep
+        return best
 
     def mark(self, endpoint: str, error: str) -> None:
         self.dead.setdefault(endpoint, error)
@@ -183,6 +188,7 @@ async def _request(client: httpx.AsyncClient, index: int, request: Mapping[str, 
                            "status": None, **dict.fromkeys(vs.ANSWER_KEYS)}
     while (endpoint := failover.next_live(index, tried)) is not None:
         tried.add(endpoint)
+        failover.in_flight[endpoint] += 1
         try:
             status, payload = await _attempt(client, f"{endpoint}/v1/completions", body)
             error = "HTTPStatusError" if status >= 500 else None
@@ -191,6 +197,8 @@ async def _request(client: httpx.AsyncClient, index: int, request: Mapping[str, 
                 error = "InvalidResponse"
         except httpx.HTTPError as exc:  # refused, reset, timed out, protocol error
             error = type(exc).__name__
+        finally:
+            failover.in_flight[endpoint] -= 1
         if error is not None:
             errors.append({"endpoint": endpoint, "error": error, "at": time.perf_counter() - t0})
             failover.mark(endpoint, error)
@@ -250,8 +258,19 @@ def run_phase(name: str, endpoints: Sequence[str], requests: Sequence[Mapping[st
               timeouts: Timeouts = Timeouts(), allow_remote: bool = False) -> dict[str, Any]:
     """Send every request once (with fail-over) at fixed ``concurrency``; return the phase record
     (:func:`verify.serving.phase_record`: settings, figures, replica metrics before/after, and the request log)."""
-    return asyncio.run(run_phase_async(name, endpoints, requests, concurrency, run_id, kill, timeouts=timeouts,
-                                       allow_remote=allow_remote))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(run_phase_async(name, endpoints, requests, concurrency, run_id, kill, timeouts=timeouts,
+                                          allow_remote=allow_remote))
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (a dependency on Linux and macOS): the client's share of the
+    cores it shares with the replicas fell by a fifth with it (benchmarks/README.md, serve_bench); else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 # ------------------------------------------------------------------------------------------------ replicas
