@@ -591,6 +591,11 @@ def _component_of(r: Receipt, name: str, digest: str, state_dirs: list[Path],
 
 
 def _check_place(path: Path, r: Receipt, name: str, digest: str, checkpoints: dict[Path, CheckpointState]) -> None:
+    if path.is_symlink():  # a recorded copy is the bytes at that place, never what a link points to (a file's or a
+        # checkpoint directory's alike: a link could name anything, outside every recorded place)
+        raise RecordInvalid.at(f"receipt {r.id}: artifact {name!r} at {path}: is a symbolic link, not a copy; "
+                               "refusing to follow it", receipt=r.id, field=f"artifacts.{name}",
+                               expected="a regular file or a checkpoint directory", actual="a symbolic link")
     if path.is_dir():
         _check_checkpoint(path, r, name, digest, checkpoints)
         return

@@ -21,7 +21,7 @@ from ledger import digests
 from ledger.artifacts import ArtifactStore, default_root
 from ledger.cli import app
 from ledger.digests import prepared_digest
-from ledger.errors import ChainBroken, DigestMismatch, MissingArtifact, RecordMismatch, VerificationError
+from ledger.errors import ChainBroken, DigestMismatch, MissingArtifact, RecordInvalid, RecordMismatch, VerificationError
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store, missing_parent
 from tests.conftest import ReceiptChain, schema_fill
@@ -537,3 +537,19 @@ def test_verify_many_fails_as_one_verify_each_does(ledger_db: Path, tmp_path: Pa
         with pytest.raises(VerificationError) as many:
             Verifier(store, arts, require_artifacts=True).verify_many(ids)
     assert type(many.value) is type(one_each.value) and many.value.one_line() == one_each.value.one_line()
+
+
+def test_a_recorded_checkpoint_copy_that_is_a_symlink_is_refused(ledger_db: Path, tmp_path: Path) -> None:
+    """A link to a good copy has the right bytes behind it, but the recorded place is the link: a link could point
+    anywhere, outside every place the ledger recorded, so a copy must be a directory itself."""
+    tips, dirs = checkpoint_ledger(ledger_db, tmp_path)
+    link = tmp_path / "linked-step4"
+    link.symlink_to(dirs["step4"], target_is_directory=True)
+    with Store.open(ledger_db) as store:
+        arts = ArtifactStore(default_root(store.url))
+        verify_receipt(store, tips[1], artifacts=arts, require_artifacts=True)  # holds before the link is recorded
+        state = store.find(kind="checkpoint", run="v")[1].receipt.artifacts["state"]
+        store.add_location(state, str(link))
+        with pytest.raises(RecordInvalid, match="is a symbolic link, not a copy") as info:
+            verify_receipt(store, tips[1], artifacts=arts, require_artifacts=True)
+    assert str(link) in info.value.one_line()
