@@ -30,10 +30,9 @@ from typing import Any
 
 import torch
 
+from ledger.experiment.config import ARMS, ExperimentConfig, config_from_dict
 from ledger.store import Store
-from ledger.experiment.config import ExperimentConfig, config_from_dict
 from runners.prepare import pinned_threads, prepare
-from ledger.experiment.config import ARMS
 from runners.train import train_arm
 
 TARGET_OVERHEAD = 1.03

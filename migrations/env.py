@@ -5,9 +5,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
+from ledger.database import make_engine
 from ledger.errors import DatabaseError
 from ledger.models import Base
-from ledger.database import make_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -2,10 +2,10 @@
 
 * :func:`request_set`: a deterministic, content-addressed selection of held-out task documents, interleaved across
   families and variants; its digest is :func:`ledger.serving_digests.request_set_digest`.
-* :func:`run_phase`: ``concurrency`` workers take the requests in index order. Request ``i`` goes to the live endpoint
-  with the fewest requests in flight (ties: ``i mod n``, then the ones after it); an attempt that meets a dead endpoint (connection refused or reset,
-  timeout, a 5xx, an unreadable answer) marks that endpoint unavailable (with the error class name) and is retried
-  on the next live endpoint, counted as a retry. A 4xx is the final answer (the request was wrong, not the
+* :func:`run_phase`: ``concurrency`` workers take the requests in index order. Request ``i`` goes to the live
+  endpoint with the fewest requests in flight (ties: ``i mod n``, then the ones after it); an attempt that meets a
+  dead endpoint (connection refused or reset, timeout, a 5xx, an unreadable answer) marks that endpoint unavailable
+  (with the error class name) and is retried on another live endpoint, counted as a retry. A 4xx is the final answer (the request was wrong, not the
   replica). Every figure of the phase record is computed from the request log by :mod:`verify.serving`, the
   functions the verifier runs again.
 * :func:`start_replicas` / :meth:`ReplicaSet.stop`: replica processes (``python -m runners.serve``) on 127.0.0.1,

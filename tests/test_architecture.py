@@ -23,8 +23,8 @@ def graph() -> grimp.ImportGraph:
 
 def test_import_linter_contracts_are_kept() -> None:
     exe = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
-    result = subprocess.run([exe, "--no-cache", "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run([exe, "--no-cache", "--config", str(ROOT / "pyproject.toml")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 broken." in result.stdout and "KEPT" in result.stdout
 
