@@ -5,9 +5,9 @@
 * :func:`run_phase`: ``concurrency`` workers take the requests in index order. Request ``i`` goes to the live
   endpoint with the fewest requests in flight (ties: ``i mod n``, then the ones after it); an attempt that meets a
   dead endpoint (connection refused or reset, timeout, a 5xx, an unreadable answer) marks that endpoint unavailable
-  (with the error class name) and is retried on another live endpoint, counted as a retry. A 4xx is the final answer (the request was wrong, not the
-  replica). Every figure of the phase record is computed from the request log by :mod:`verify.serving`, the
-  functions the verifier runs again.
+  (with the error class name) and is retried on another live endpoint, counted as a retry. A 4xx is the final
+  answer (the request was wrong, not the replica). Every figure of the phase record is computed from the request
+  log by :mod:`verify.serving`, the functions the verifier runs again.
 * :func:`start_replicas` / :meth:`ReplicaSet.stop`: replica processes (``python -m runners.serve``) on 127.0.0.1,
   on kernel-chosen ports (reported through a ready file, so parallel starts never race for a port) or from
   ``base_port``. Each is accepted only when its ``/health`` answers with its own pid and the expected model
