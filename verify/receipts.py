@@ -81,6 +81,18 @@ def _index_columns(row: StoredRow) -> tuple[Any, ...]:
     return row[2:8]
 
 
+def _index_rows(edges: Iterable[ParentEdge], arts: Iterable[ArtifactRef]
+                ) -> tuple[dict[str, list[ParentEdge]], dict[str, list[ArtifactRef]]]:
+    """Index rows read together: each child's parent edges, each receipt's artifact rows."""
+    by_child: dict[str, list[ParentEdge]] = {}
+    for e in edges:
+        by_child.setdefault(e.child, []).append(e)
+    by_receipt: dict[str, list[ArtifactRef]] = {}
+    for a in arts:
+        by_receipt.setdefault(a.receipt, []).append(a)
+    return by_child, by_receipt
+
+
 def check_row(row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> Receipt:
     """Integrity of one stored receipt: its id, its body, and the index rows derived from the body."""
     rid, body = row.id, row.body
@@ -162,12 +174,7 @@ def load_verified_closure(store: Store, rid: str, *, known: _Known | None = None
     checked: dict[str, Receipt] = {}
     dangling: dict[str, list[str]] = {}  # child -> its stored parents, where one of them has no row
     while rows:
-        by_child: dict[str, list[ParentEdge]] = {}
-        for e in edges:
-            by_child.setdefault(e.child, []).append(e)
-        by_receipt: dict[str, list[ArtifactRef]] = {}
-        for a in arts:
-            by_receipt.setdefault(a.receipt, []).append(a)
+        by_child, by_receipt = _index_rows(edges, arts)
         for row in sorted(rows, key=lambda r: r.seq):
             mine = by_child.get(row.id, [])
             receipt = checked[row.id] = _checked_row(row, mine, by_receipt.get(row.id, []), known)
@@ -332,12 +339,7 @@ class Verifier:
             rows, edges, arts = self.store.raw_rows([rid for rid in batch if digests.is_digest(rid)])
             self.prefetch(_parsed_unverified(row) for row in rows if row.kind == "report")
             by_id = {row.id: row for row in rows}
-            by_child: dict[str, list[ParentEdge]] = {}
-            for e in edges:
-                by_child.setdefault(e.child, []).append(e)
-            by_receipt: dict[str, list[ArtifactRef]] = {}
-            for a in arts:
-                by_receipt.setdefault(a.receipt, []).append(a)
+            by_child, by_receipt = _index_rows(edges, arts)
             for rid in batch:
                 if rid in known.chained:  # verified meanwhile, as an ancestor of an earlier one
                     continue
