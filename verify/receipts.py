@@ -310,9 +310,8 @@ class Verifier:
                 report.checks.extend(lines)
             report.artifacts = check_artifacts(self.store, ordered, self.artifacts, progress=progress,
                                                _known=known, _memo=self._memo)
-        if self.require_artifacts and report.missing:
-            first = report.missing[0]
-            raise MissingArtifact(first.digest, f"{first.name} of receipt {first.receipt}", first.location)
+        if self.require_artifacts:
+            _require_present(report.artifacts)
         return report
 
     def verify_many(self, ids: Iterable[str], *, progress: Callable[[str], None] | None = None) -> list[str]:
@@ -384,11 +383,15 @@ class Verifier:
         else:
             found = known.artifacts[receipt.id] = []
         if self.require_artifacts:
-            missing = [a for a in found if a.status == "missing"]
-            if missing:
-                first = missing[0]
-                raise MissingArtifact(first.digest, f"{first.name} of receipt {first.receipt}", first.location)
+            _require_present(found)
         return lines
+
+
+def _require_present(found: Iterable[ArtifactCheck]) -> None:
+    """``--require-artifacts``: the first missing copy (in check order) fails the verification."""
+    first = next((a for a in found if a.status == "missing"), None)
+    if first is not None:
+        raise MissingArtifact(first.digest, f"{first.name} of receipt {first.receipt}", first.location)
 
 
 _BATCH = 2000  # rows read at a time by Verifier.verify_many
