@@ -181,38 +181,29 @@ def _plain(value: Any, depth: int = 0) -> bool:
     False means "ask the reference", never "invalid"."""
     t = type(value)
     if t is dict:
-        if depth >= MAX_DEPTH:
-            return False
-        for k, x in value.items():
+        for k in value:
             if type(k) is not str:
                 return False
-            tx = type(x)
-            if tx in _LEAVES:
-                continue
-            if tx is int:
-                if _INT_MIN <= x <= _INT_MAX:
-                    continue
-                return False
-            if not _plain(x, depth + 1):
-                return False
-        return True
-    if t is list or t is tuple:
-        if depth >= MAX_DEPTH:
-            return False
-        for x in value:
-            tx = type(x)
-            if tx in _LEAVES:
-                continue
-            if tx is int:
-                if _INT_MIN <= x <= _INT_MAX:
-                    continue
-                return False
-            if not _plain(x, depth + 1):
-                return False
-        return True
-    if t is int:
+        items: Any = value.values()
+    elif t is list or t is tuple:
+        items = value
+    elif t is int:
         return _INT_MIN <= value <= _INT_MAX
-    return t in _LEAVES
+    else:
+        return t in _LEAVES
+    if depth >= MAX_DEPTH:
+        return False
+    for x in items:
+        tx = type(x)
+        if tx in _LEAVES:
+            continue
+        if tx is int:
+            if _INT_MIN <= x <= _INT_MAX:
+                continue
+            return False
+        if not _plain(x, depth + 1):
+            return False
+    return True
 
 
 def canonical_bytes(value: Any) -> bytes:
