@@ -26,15 +26,15 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from ledger import chain, tlog
-from ledger.errors import DigestMismatch, InputError, LookupFailed, VerificationError
-from ledger.models import LogLeafRow, ReceiptRow
+from ledger.errors import InputError, LookupFailed, VerificationError
+from ledger.models import ReceiptRow
 from ledger.note import ALG_ED25519, Signer
 from ledger.receipts import Kind, Receipt, make_receipt
 from ledger.rules import KEY_REVOCATION_FORMAT
 from ledger.signing import load_public_key
 from ledger.store import Store, Stored
 from ledger.tlog import LeafSignature
-from ledger.transparency import NotInLog, RegisteredKey, registered_keys
+from ledger.transparency import RegisteredKey, logged_key_receipts, registered_keys
 
 
 class KeyNotRegistered(LookupFailed):
@@ -96,37 +96,25 @@ def revocations(store: Store) -> dict[str, Revocation]:
 
 def all_revocations(store: Store) -> list[Revocation]:
     """Every revocation receipt of the ledger, in log order. Each one's id recomputes from its body (else
-    DigestMismatch), it is in the log (else NotInLog), and its chain rule holds against the key receipt it cites
-    (else ChainBroken: it revokes a key no receipt registers). Its signatures are verify's to check."""
-    stmt = (select(ReceiptRow.seq, ReceiptRow.id, ReceiptRow.body, LogLeafRow.leaf_index)
-            .outerjoin(LogLeafRow, LogLeafRow.receipt_seq == ReceiptRow.seq)
-            .where(ReceiptRow.kind == Kind.KEY.value).order_by(ReceiptRow.seq))
+    DigestMismatch), it is in the log (else NotInLog; both as :func:`ledger.transparency.logged_key_receipts`
+    checks every key receipt), and its chain rule holds against the key receipt it cites (else ChainBroken: it
+    revokes a key no receipt registers). Its signatures are verify's to check."""
+    logged = logged_key_receipts(store)
+    # parents are found by the id their body hashes to (logged_key_receipts checked it), never the stored column
+    by_id = {k.receipt.id: k.receipt for k in logged}
+    found = [k for k in logged if k.receipt.measurements.get("format") == KEY_REVOCATION_FORMAT]
     with store.engine.connect() as conn:
-        rows = conn.execute(stmt).all()
-        found: list[tuple[int, int, Receipt]] = []
-        by_id: dict[str, Receipt] = {}
-        for seq, rid, body, leaf in rows:
-            receipt = Receipt.from_bytes(bytes(body))
-            by_id[receipt.id] = receipt  # parents are found by the id their body hashes to, never the stored column
-            if receipt.measurements.get("format") != KEY_REVOCATION_FORMAT:
-                continue
-            if receipt.id != rid:
-                raise DigestMismatch("receipt id does not recompute from the stored body", expected=rid,
-                                     actual=receipt.id, receipt=rid, field="body")
-            if leaf is None:
-                raise NotInLog(rid, seq)
-            found.append((int(leaf), int(seq), receipt))
-        sigs = tlog.signatures_by_seq(conn, [seq for _, seq, _ in found])
-        for _, _, receipt in found:  # a cited receipt of another kind: its rule names what it cites instead
-            for p in set(receipt.parents) - by_id.keys():
+        sigs = tlog.signatures_by_seq(conn, [k.seq for k in found])
+        for k in found:  # a cited receipt of another kind: its rule names what it cites instead
+            for p in set(k.receipt.parents) - by_id.keys():
                 cited = conn.execute(select(ReceiptRow.body).where(ReceiptRow.id == p)).scalar()
                 if cited is not None and (parent := Receipt.from_bytes(bytes(cited))).id == p:
                     by_id[p] = parent
     out: list[Revocation] = []
-    for leaf, seq, receipt in sorted(found, key=lambda f: f[0]):
-        chain.check_receipt(receipt, by_id)
-        label = load_public_key(receipt.measurements["key"]).label
-        out.append(Revocation(label, receipt.id, leaf, receipt.parents[0], sigs.get(seq, ()), seq))
+    for k in found:
+        chain.check_receipt(k.receipt, by_id)
+        label = load_public_key(k.receipt.measurements["key"]).label
+        out.append(Revocation(label, k.receipt.id, k.leaf_index, k.receipt.parents[0], sigs.get(k.seq, ()), k.seq))
     return out
 
 

@@ -156,16 +156,24 @@ class RegisteredKey:
     leaf_index: int
 
 
-def registered_keys(store: Store) -> dict[str, RegisteredKey]:
-    """Every registered key by label, at its first registration in log order. A key receipt's id is recomputed from
-    its body first (a body edited to swap the key is a DigestMismatch); one outside the log is NotInLog; a second
-    key with the label of another is KeyLabelConflict."""
+@dataclass(frozen=True)
+class LoggedKeyReceipt:
+    """A key receipt (a registration or a revocation) as the ledger holds it: its row, its leaf and its receipt."""
+
+    seq: int
+    leaf_index: int
+    receipt: Receipt
+
+
+def logged_key_receipts(store: Store) -> list[LoggedKeyReceipt]:
+    """Every key receipt of the ledger, registrations and revocations, in log order. Each one's id is recomputed
+    from its body first (a body edited to swap the key is a DigestMismatch); one outside the log is NotInLog."""
     stmt = (select(ReceiptRow.seq, ReceiptRow.id, ReceiptRow.body, LogLeafRow.leaf_index)
             .outerjoin(LogLeafRow, LogLeafRow.receipt_seq == ReceiptRow.seq)
             .where(ReceiptRow.kind == Kind.KEY.value).order_by(ReceiptRow.seq))
-    out: dict[str, RegisteredKey] = {}
     with store.engine.connect() as conn:
         rows = conn.execute(stmt).all()
+    out: list[LoggedKeyReceipt] = []
     for seq, rid, body, leaf in sorted(rows, key=lambda r: (r[3] is None, r[3] if r[3] is not None else r[0])):
         body = bytes(body)
         actual = digests.receipt_id(body)
@@ -174,13 +182,25 @@ def registered_keys(store: Store) -> dict[str, RegisteredKey]:
                                  receipt=rid, field="body")
         if leaf is None:
             raise NotInLog(rid, seq)
-        measurements = Receipt.from_bytes(body).measurements
+        receipt = Receipt.from_bytes(body)
+        receipt.__dict__["id"] = actual  # the digest of its body, just computed: fills the cached_property
+        out.append(LoggedKeyReceipt(int(seq), int(leaf), receipt))
+    return out
+
+
+def registered_keys(store: Store) -> dict[str, RegisteredKey]:
+    """Every registered key by label, at its first registration in log order (the key receipts as
+    :func:`logged_key_receipts` checks them); a second key with the label of another is KeyLabelConflict."""
+    out: dict[str, RegisteredKey] = {}
+    for logged in logged_key_receipts(store):
+        measurements = logged.receipt.measurements
         if measurements.get("format") == KEY_REVOCATION_FORMAT:
             continue  # a revocation registers nothing (ledger/revocation.py)
         verifier = load_public_key(measurements["key"])
+        rid = logged.receipt.id
         have = out.get(verifier.label)
         if have is None:
-            out[verifier.label] = RegisteredKey(verifier, rid, int(leaf))
+            out[verifier.label] = RegisteredKey(verifier, rid, logged.leaf_index)
         elif have.verifier != verifier:
             raise KeyLabelConflict(verifier.label, expected=have.verifier.key(), actual=verifier.key(), receipt=rid)
     return out
