@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,9 @@ class Signed:
 def copy_db(src: Path, dest: Path) -> Path:
     """A consistent copy of an SQLite ledger (the backup API: the -wal file's pages included)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(src) as a, sqlite3.connect(dest) as b:
+    # closing(): sqlite3's own context manager commits but does not close, and a connection left to the garbage
+    # collector keeps dest's -wal file, which SQLite would replay over a copy restored onto dest later
+    with closing(sqlite3.connect(src)) as a, closing(sqlite3.connect(dest)) as b:
         a.backup(b)
     return dest
 
