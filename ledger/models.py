@@ -12,9 +12,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from ledger.receipts import Receipt
 
 # The Alembic revision this code reads and writes. tests/ledger/test_migrations.py checks it is the only head.
-SCHEMA_HEAD = "0004_transparency_log"
+SCHEMA_HEAD = "0005_signature_index"
 # Every revision this code knows, oldest first: a database at one of these but not the head needs an upgrade.
-KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows", "0003_receipt_locations", "0004_transparency_log")
+KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows", "0003_receipt_locations", "0004_transparency_log",
+                   "0005_signature_index")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -123,9 +124,10 @@ class ReceiptLocationRow(Base):
 
 
 class SignatureRow(Base):
-    """A signature over a receipt id (ledger/signing.py's 69-byte message) by the key labelled ``key``
-    (``name+<8 hex key id>``). Beside the receipt, not in its body: the id stays the digest of the body. Written in
-    the receipt's append transaction, and committed to by its log leaf."""
+    """A signature by the key labelled ``key`` (``name+<8 hex key id>``) over the receipt's id, or over the ids of the
+    receipts appended with it (ledger/signing.py; each of them stores the same bytes). Beside the receipt, not in
+    its body: the id stays the digest of the body. Written in the receipt's append transaction, and committed to by
+    its log leaf."""
 
     __tablename__ = "receipt_signatures"
 
@@ -133,7 +135,8 @@ class SignatureRow(Base):
     key: Mapped[str] = mapped_column(String(300), primary_key=True)
     signature: Mapped[bytes] = mapped_column(LargeBinary)
 
-    __table_args__ = {"sqlite_with_rowid": False}
+    # The index finds the receipts a batch signature signs (0005).
+    __table_args__ = (Index("ix_receipt_signatures_signature", "signature"), {"sqlite_with_rowid": False})
 
 
 class LogLeafRow(Base):

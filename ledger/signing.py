@@ -1,12 +1,22 @@
 """Operator keys: named Ed25519 key pairs that sign receipt ids, and the key file they live in.
 
-The signed message, exactly (69 bytes):
+A receipt appended alone is signed over exactly (69 bytes):
 
     b"training-ledger/receipt-signature/v1" || 0x00 || the receipt id's 32 raw BLAKE3 digest bytes
 
-(the id ``blake3:<64 hex>`` without its prefix, hex-decoded). The NUL makes the domain provably disjoint from every
-other thing a ledger key may sign: a C2SP signed-note text forbids control characters, a DSSE PAE starts with
-"DSSEv1 " and a cosignature/v1 message with "cosignature/v1\\n", so no signature can be carried from one to another.
+(the id ``blake3:<64 hex>`` without its prefix, hex-decoded). Receipts appended together (2 to MAX_BATCH of them,
+in log order) share one signature over:
+
+    b"training-ledger/receipt-batch-signature/v1" || 0x00 || u32 n (big-endian) || n times the 32 raw id bytes
+
+so a batched append pays one Ed25519 signature per MAX_BATCH receipts instead of one each (benchmarks/README.md,
+log_bench). Each of those receipts stores the same signature; the receipts it signs are the ones the ledger stores
+it with (tlog.signed_together), and a receipt removed from or added to that set makes the signature fail for all.
+A batch of one is the single message: there is one message per set of ids.
+
+The NULs make both domains provably disjoint from every other thing a ledger key may sign: a C2SP signed-note text
+forbids control characters, a DSSE PAE starts with "DSSEv1 " and a cosignature/v1 message with "cosignature/v1\\n",
+and the two domains differ before their NUL, so no signature can be carried from one to another.
 
 Keys are those of :mod:`ledger.note`, so one operator key signs receipts and the log's checkpoints alike:
   key id       the signed-note key id, SHA-256(name || 0x0A || 0x01 || public key)[:4], written as 8 hex digits
@@ -20,8 +30,9 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +42,9 @@ from ledger.note import ALG_ED25519, Signer, Verifier, ed25519_public_key, ed255
 from ledger.transparency_errors import KeyFileExposed, MalformedKey, SignatureInvalid, UnknownKey
 
 RECEIPT_SIGNATURE_DOMAIN = b"training-ledger/receipt-signature/v1\x00"
+BATCH_SIGNATURE_DOMAIN = b"training-ledger/receipt-batch-signature/v1\x00"
+_ID = re.compile(r"blake3:[0-9a-f]{64}")
+MAX_BATCH = 1024  # receipts per batch signature: bounds what verifying one of them reads (32 KiB of ids)
 KEY_FILE_MODE = 0o600
 
 
@@ -94,34 +108,64 @@ def load_public_key(vkey: str) -> Verifier:
     return verifier
 
 
+def raw_id(receipt_id: str) -> bytes:
+    """The 32 digest bytes of a receipt id, which must be exactly ``blake3:`` and 64 lowercase hex digits."""
+    if not (isinstance(receipt_id, str) and _ID.fullmatch(receipt_id)):
+        digests.check_digest(receipt_id, "receipt id")  # raises MalformedDigest, naming what is wrong
+    return bytes.fromhex(receipt_id[7:])
+
+
 def receipt_message(receipt_id: str) -> bytes:
     """The exact bytes signed for a receipt: domain || 0x00 || 32 raw digest bytes."""
-    return RECEIPT_SIGNATURE_DOMAIN + bytes.fromhex(digests.digest_hex(digests.check_digest(receipt_id, "receipt id")))
+    return RECEIPT_SIGNATURE_DOMAIN + raw_id(receipt_id)
+
+
+def batch_message(ids: Sequence[str]) -> bytes:
+    """The exact bytes signed for receipts signed together, in log order: one id is :func:`receipt_message`."""
+    if len(ids) == 1:
+        return receipt_message(ids[0])
+    if not ids or len(set(ids)) != len(ids):
+        raise ValueError(f"a batch signature signs distinct receipts, got {len(ids)} ids, {len(set(ids))} distinct")
+    return b"".join([BATCH_SIGNATURE_DOMAIN, len(ids).to_bytes(4, "big"), *map(raw_id, ids)])
 
 
 @dataclass(frozen=True)
 class ReceiptSignature:
-    """An operator's signature over one receipt id; ``key`` is the key label ``name+<8 hex key id>``."""
+    """An operator's signature over one receipt id, or over ``batch``, the ids signed together with it (log order;
+    empty: signed alone); ``key`` is the key label ``name+<8 hex key id>``."""
 
     receipt: str
     key: str
     signature: bytes
+    batch: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, str]:
-        return {"receipt": self.receipt, "key": self.key, "sig": base64.b64encode(self.signature).decode()}
+    @property
+    def signed_ids(self) -> tuple[str, ...]:
+        return self.batch or (self.receipt,)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"receipt": self.receipt, "key": self.key,
+                               "sig": base64.b64encode(self.signature).decode()}
+        if len(self.batch) > 1:
+            out["batch"] = list(self.batch)
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> ReceiptSignature:
-        if not isinstance(data, dict) or set(data) != {"receipt", "key", "sig"}:
-            raise MalformedKey("a receipt signature has exactly receipt, key and sig",
-                               expected=["key", "receipt", "sig"], actual=repr(data)[:80])
-        if not all(isinstance(v, str) for v in data.values()):
-            raise MalformedKey("receipt signature fields are strings", actual=repr(data)[:80])
+        if not isinstance(data, dict) or not {"receipt", "key", "sig"} <= set(data) <= {"receipt", "key", "sig",
+                                                                                         "batch"}:
+            raise MalformedKey("a receipt signature has receipt, key and sig (and batch if signed with others)",
+                               expected=["batch?", "key", "receipt", "sig"], actual=repr(data)[:80])
+        batch = data.get("batch", [])
+        if not all(isinstance(data[k], str) for k in ("receipt", "key", "sig")) or not (
+                isinstance(batch, list) and all(isinstance(v, str) for v in batch)):
+            raise MalformedKey("receipt signature fields are strings, batch a list of them", actual=repr(data)[:80])
         try:
             sig = base64.b64decode(data["sig"].encode("ascii"), validate=True)
         except ValueError:
             raise MalformedKey("sig is not base64", actual=data["sig"][:80]) from None
-        return cls(digests.check_digest(data["receipt"], "receipt id"), data["key"], sig)
+        return cls(digests.check_digest(data["receipt"], "receipt id"), data["key"], sig,
+                   tuple(digests.check_digest(v, "receipt id") for v in batch))
 
 
 def sign_receipt(signer: Signer, receipt_id: str) -> ReceiptSignature:
@@ -132,17 +176,33 @@ def sign_receipt(signer: Signer, receipt_id: str) -> ReceiptSignature:
     return ReceiptSignature(receipt_id, signer.verifier.label, signer.private_key.sign(receipt_message(receipt_id)))
 
 
+def sign_batch(signer: Signer, ids: Sequence[str]) -> list[tuple[tuple[str, ...], bytes]]:
+    """Sign receipts appended together, in log order: one signature per MAX_BATCH of them, each with the ids it signs
+    (:func:`batch_message`; a chunk of one gets :func:`sign_receipt`'s bytes)."""
+    if signer.alg != ALG_ED25519:
+        raise MalformedKey("receipts are signed with an Ed25519 (type 0x01) key", expected=ALG_ED25519,
+                           actual=signer.alg)
+    sign = signer.private_key.sign
+    chunks = [tuple(ids[i:i + MAX_BATCH]) for i in range(0, len(ids), MAX_BATCH)]
+    return [(chunk, sign(batch_message(chunk))) for chunk in chunks]
+
+
 def verify_receipt_signature(signature: ReceiptSignature, verifiers: Verifier | Iterable[Verifier]) -> Verifier:
     """Check a receipt signature against trusted operator keys; returns the key that signed it.
 
-    Raises UnknownKey if no trusted key has its label, SignatureInvalid if that key's signature does not verify.
+    Raises UnknownKey if no trusted key has its label, SignatureInvalid if that key's signature does not verify
+    over the receipt (alone, or with its batch, which must name it).
     """
     trusted = [verifiers] if isinstance(verifiers, Verifier) else list(verifiers)
     by_label = {v.label: v for v in trusted if v.alg == ALG_ED25519}
     verifier = by_label.get(signature.key)
     if verifier is None:
         raise UnknownKey(f"receipt {signature.receipt}", expected=sorted(by_label), actual=[signature.key])
-    message = receipt_message(signature.receipt)
+    if signature.receipt not in signature.signed_ids:
+        raise SignatureInvalid(f"receipt {signature.receipt}", key=signature.key,
+                               expected=f"a batch naming {signature.receipt}",
+                               actual=f"a batch of {len(signature.batch)} others", receipt=signature.receipt)
+    message = batch_message(signature.signed_ids)
     if not ed25519_verify(ed25519_public_key(verifier.public_key), signature.signature, message):
         raise SignatureInvalid(f"receipt {signature.receipt}", key=signature.key, actual=signature.signature,
                                receipt=signature.receipt)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Concatenate, NamedTuple, ParamSpec, TypeVar
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
@@ -62,16 +62,12 @@ from ledger.note import Signer
 from ledger.receipts import Receipt
 from ledger.signing import load_private_key
 
-if TYPE_CHECKING:
-    from ledger.tlog import LeafSignature
-
 MIN_PREFIX = 4
 # A key file whose key signs every receipt a Store opened without an explicit signer appends: set by the main job so
 # that rank processes it launches sign too (docs/transparency.md). Empty counts as unset.
 ENV_SIGNING_KEY = "LEDGER_SIGNING_KEY"
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 _CHUNK = 500  # bound on bound parameters per IN (...) query
-_Signed = Mapping[str, tuple["LeafSignature", ...]]  # receipt id -> the signatures its leaf will commit to
 
 # The append path's statements, built once: building a SQLAlchemy statement per call costs more than running it.
 _SEQS_BY_ID = select(ReceiptRow.id, ReceiptRow.seq, ReceiptRow.recorded_ns).where(
@@ -413,25 +409,22 @@ class Store:
         keeps the signatures it was stored with: its leaf cannot change.
         """
         self._check_writable()
-        from ledger import tlog  # the chain rules and the log only where receipts are appended: reads start faster
 
         signer = signer if signer is not None else self.signer
-        # Signed before the write lock is taken: signing is the costliest step of a signed append.
-        signed = {} if signer is None else tlog.sign_ids(signer, (r.id for r in receipts))
         # First assume none of the given receipts is stored yet, the usual case: that saves looking each one up
         # in the id index (a tenth of a batched append's time). Whatever that assumption could get wrong (an id
         # already stored makes the insert fail; a parent given later or a failed chain rule might be about a
         # stored receipt) rolls back and is decided again with every given id looked up.
         try:
-            return self._append_retrying(receipts, check, signed, careful=False)
+            return self._append_retrying(receipts, check, signer, careful=False)
         except (_Unsure, IntegrityError):
-            return self._append_retrying(receipts, check, signed, careful=True)
+            return self._append_retrying(receipts, check, signer, careful=True)
 
-    def _append_retrying(self, receipts: Sequence[Receipt], check: bool, signed: _Signed,
+    def _append_retrying(self, receipts: Sequence[Receipt], check: bool, signer: Signer | None,
                          careful: bool) -> list[Stored]:
         for attempt in range(8):
             try:
-                return self._append_many(receipts, check, signed, careful)
+                return self._append_many(receipts, check, signer, careful)
             except IntegrityError:
                 # Careful: another writer stored one of these ids between our read and insert (only possible on
                 # databases without BEGIN IMMEDIATE); retry: the existing rows make it a no-op.
@@ -443,7 +436,7 @@ class Store:
                 time.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _append_many(self, receipts: Sequence[Receipt], check: bool, signed: _Signed,
+    def _append_many(self, receipts: Sequence[Receipt], check: bool, signer: Signer | None,
                      careful: bool) -> list[Stored]:
         # Core statements on one connection, not ORM objects: the append path is the ledger's hot loop, and ORM
         # unit-of-work and row instances cost more than the SQL itself (benchmarks/README.md).
@@ -492,8 +485,12 @@ class Store:
                 seq_of = {rid: seq for rid, (seq, _) in outside.items()}
                 seq_of.update((rid, seq) for rid, (seq, _) in stored.items())
                 new_seqs = _insert(conn, list(batch.values()), now, seq_of)
-                # The log grows in the same transaction, in the order the receipts were inserted (seq order).
-                tlog.append_leaves(conn, [tlog.LogEntry(new_seqs[rid], rid, signed.get(rid, ())) for rid in batch])
+                # The log grows in the same transaction, in the order the receipts were inserted (seq order). The
+                # new receipts are signed here, once they are known: a batch signature (ledger/signing.py) signs
+                # exactly the receipts stored with it, in log order, and costs one Ed25519 signature per 1,024.
+                logged = sorted(batch, key=new_seqs.__getitem__)
+                signed = {} if signer is None else tlog.sign_ids(signer, logged)
+                tlog.append_leaves(conn, [tlog.LogEntry(new_seqs[rid], rid, signed.get(rid, ())) for rid in logged])
                 stored.update((rid, (seq, now)) for rid, seq in new_seqs.items())
             out: list[Stored] = []
             for r in receipts:

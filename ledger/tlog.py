@@ -6,11 +6,11 @@ The log is an RFC 9162 Merkle tree (SHA-256, :mod:`ledger.merkle`) over the rece
     b"training-ledger/log-leaf/v1" || 0x00 || the receipt id's 32 raw bytes || u8 k
         || k times, sorted by key label: u16 len(label) || label (UTF-8) || u16 len(sig) || sig
 
-(big-endian lengths; ``label`` is the signing key's ``name+<8 hex key id>``; ``sig`` the Ed25519 signature over the
-receipt-signature message of ledger/signing.py). So a leaf commits to the receipt and to who signed it when it was
-appended: a signature added, removed or changed later no longer matches the log. The NUL after the domain keeps leaf
-bytes disjoint from every other message a ledger key signs or hashes (signed-note texts have no control characters,
-the receipt-signature domain differs, DSSE's PAE starts with "DSSEv1 ").
+(big-endian lengths; ``label`` is the signing key's ``name+<8 hex key id>``; ``sig`` the Ed25519 signature of
+ledger/signing.py over the receipt alone or over the batch appended with it). So a leaf commits to the receipt and to
+who signed it when it was appended: a signature added, removed or changed later no longer matches the log. The NUL
+after the domain keeps leaf bytes disjoint from every other message a ledger key signs or hashes (signed-note texts
+have no control characters, the receipt-signature domains differ, DSSE's PAE starts with "DSSEv1 ").
 
 Rows (ledger/models.py): ``log_leaves`` (leaf index -> receipt seq; indexes contiguous from 0, seqs increasing but
 not contiguous), ``log_nodes`` (pos, level, idx, hash) holding every complete node (level 0: the leaf hashes) keyed
@@ -26,27 +26,24 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, NamedTuple
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, insert, select, text
 
-from ledger import digests, merkle
+from ledger import merkle
 from ledger.errors import VerificationError
 from ledger.models import LogInfoRow, LogLeafRow, LogNodeRow, SignatureRow
-from ledger.note import ALG_ED25519, Signer
-from ledger.signing import RECEIPT_SIGNATURE_DOMAIN
-from ledger.transparency_errors import MalformedKey
+from ledger.note import Signer
+from ledger.signing import raw_id, sign_batch
 
 LEAF_DOMAIN: Final = b"training-ledger/log-leaf/v1\x00"
 _HASHED_LEAF_DOMAIN: Final = b"\x00" + LEAF_DOMAIN  # RFC 9162's leaf prefix, then the leaf bytes' domain
 ORIGIN_PREFIX: Final = "training-ledger/"
 MAX_SIGNATURES: Final = 255  # the leaf's one-byte count
 _CHUNK = 400  # (level, idx) pairs per query: two bound parameters each, under SQLite's default limit of 999
-_ID = re.compile(r"blake3:[0-9a-f]{64}")
 _sha256 = hashlib.sha256
 
 
@@ -77,19 +74,12 @@ class LogCorrupt(VerificationError):
 # ------------------------------------------------------------------------------------------------- leaf bytes
 
 
-def _raw_id(receipt_id: str) -> bytes:
-    """The 32 digest bytes of a receipt id, which must be exactly ``blake3:`` and 64 lowercase hex digits."""
-    if not (isinstance(receipt_id, str) and _ID.fullmatch(receipt_id)):
-        digests.check_digest(receipt_id, "receipt id")  # raises MalformedDigest, naming what is wrong
-    return bytes.fromhex(receipt_id[7:])
-
-
 def leaf_bytes(receipt_id: str, signatures: Iterable[LeafSignature | tuple[str, bytes]] = ()) -> bytes:
     """The exact bytes of a receipt's leaf (see the module docstring)."""
     sigs = sorted(signatures, key=lambda s: s[0].encode())
     if len(sigs) > MAX_SIGNATURES:
         raise ValueError(f"a leaf commits to at most {MAX_SIGNATURES} signatures, got {len(sigs)}")
-    out = [LEAF_DOMAIN, _raw_id(receipt_id), bytes([len(sigs)])]
+    out = [LEAF_DOMAIN, raw_id(receipt_id), bytes([len(sigs)])]
     for key, sig in sigs:
         label = key.encode("utf-8")
         out += [len(label).to_bytes(2, "big"), label, len(sig).to_bytes(2, "big"), bytes(sig)]
@@ -208,27 +198,28 @@ def signatures_by_seq(conn: Connection, seqs: Sequence[int]) -> dict[int, tuple[
 
 # ------------------------------------------------------------------------------------------------------ append
 
+_SIGNED_TOGETHER = text("SELECT r.id FROM receipt_signatures s JOIN receipts r ON r.seq = s.receipt_seq "
+                        "WHERE s.signature = :sig AND s.key = :key ORDER BY s.receipt_seq")
 _SQLITE_LAST_LEAF = "SELECT leaf_index, receipt_seq FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
 _SQLITE_INSERT_SIGNATURES = "INSERT INTO receipt_signatures (receipt_seq, key, signature) VALUES (?, ?, ?)"
 _SQLITE_INSERT_LEAVES = "INSERT INTO log_leaves (leaf_index, receipt_seq) VALUES (?, ?)"
 _SQLITE_INSERT_NODES = "INSERT INTO log_nodes (pos, level, idx, hash) VALUES (?, ?, ?, ?)"
 
 
-def sign_ids(signer: Signer, ids: Iterable[str]) -> Mapping[str, tuple[LeafSignature, ...]]:
-    """Each id's signature by ``signer`` over ledger/signing.py's message, ready for :func:`append_leaves`.
-
-    The same bytes as :func:`ledger.signing.sign_receipt` (Ed25519 is deterministic; a test holds them equal), with
-    the key's label and type worked out once per call instead of once per receipt: in a batched append that
-    bookkeeping cost as much as the signature itself."""
-    if signer.alg != ALG_ED25519:
-        raise MalformedKey("receipts are signed with an Ed25519 (type 0x01) key", expected=ALG_ED25519,
-                           actual=signer.alg)
+def sign_ids(signer: Signer, ids: Sequence[str]) -> Mapping[str, tuple[LeafSignature, ...]]:
+    """The signatures by ``signer`` of receipts appended together (in log order, ledger/signing.py's batch
+    signatures: one per MAX_BATCH receipts), per id, ready for :func:`append_leaves`."""
     label = signer.verifier.label
-    ordered = list(dict.fromkeys(ids))
-    raw = [_raw_id(rid) for rid in ordered]
-    sign = signer.private_key.sign
-    return {rid: (LeafSignature(label, sign(RECEIPT_SIGNATURE_DOMAIN + r)),) for rid, r in zip(ordered, raw,
-                                                                                                strict=True)}
+    out: dict[str, tuple[LeafSignature, ...]] = {}
+    for chunk, sig in sign_batch(signer, ids):
+        shared = (LeafSignature(label, sig),)
+        out.update(dict.fromkeys(chunk, shared))
+    return out
+
+
+def signed_together(conn: Connection, key: str, signature: bytes) -> tuple[str, ...]:
+    """The ids of the receipts stored with ``signature`` by ``key``, in log order: the receipts it must sign."""
+    return tuple(str(rid) for rid, in conn.execute(_SIGNED_TOGETHER, {"key": key, "sig": signature}))
 
 
 def append_leaves(conn: Connection, entries: Sequence[LogEntry]) -> int:
@@ -313,7 +304,7 @@ def _leaf_rows(conn: Connection, top: Any, entries: Sequence[LogEntry]) -> _Rows
         # leaf_bytes' layout, written out for the unsigned and the singly signed leaf (every append's): its generic
         # sort and loop cost as much as the leaf's two hashes. tests/ledger/test_transparency.py holds them equal.
         if not sigs:
-            h = _sha256(_HASHED_LEAF_DOMAIN + _raw_id(e.receipt) + b"\x00").digest()
+            h = _sha256(_HASHED_LEAF_DOMAIN + raw_id(e.receipt) + b"\x00").digest()
         elif len(sigs) == 1:
             key, sig = sigs[0]
             head = heads.get(key)
@@ -321,7 +312,7 @@ def _leaf_rows(conn: Connection, top: Any, entries: Sequence[LogEntry]) -> _Rows
                 label = key.encode("utf-8")
                 head = heads[key] = len(label).to_bytes(2, "big") + label
             sig_rows.append((e.seq, key, sig))
-            h = _sha256(b"".join((_HASHED_LEAF_DOMAIN, _raw_id(e.receipt), b"\x01", head,
+            h = _sha256(b"".join((_HASHED_LEAF_DOMAIN, raw_id(e.receipt), b"\x01", head,
                                   len(sig).to_bytes(2, "big"), sig))).digest()
         else:
             sig_rows.extend((e.seq, s.key, s.signature) for s in sigs)

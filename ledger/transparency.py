@@ -403,14 +403,20 @@ def _b64(raw: bytes) -> str:
 def attestation_statement(store: Store, artifacts: ArtifactStore, ref: str, signer: note.Signer) -> dict[str, Any]:
     """The in-toto Statement v1 attesting receipt ``ref``: subjects are the receipt's canonical bytes (named by its
     id) and every artifact whose bytes are found as a file (re-hashed: wrong bytes are a DigestMismatch, never
-    attested), each with ``sha256`` and ``blake3``; the predicate holds the receipt, its signatures and its
-    inclusion proof against a checkpoint signed now by ``signer`` (docs/transparency.md, "Attestations")."""
+    attested), each with ``sha256`` and ``blake3``; the predicate holds the receipt, its signatures (a batch
+    signature with the ids it signs) and its inclusion proof against a checkpoint signed now by ``signer``
+    (docs/transparency.md, "Attestations")."""
     stored = store.get(ref)
     receipt = stored.receipt
     head = sign_head(store, signer)
     checkpoint = note.parse_checkpoint(note.parse_note(head).text)
     with store.engine.connect() as conn:
         proof = inclusion(conn, receipt.id, checkpoint.size)
+        signatures = []
+        for s in proof.signatures:  # a batch signature carries the ids it signs: an offline verifier needs them
+            together = tlog.signed_together(conn, s.key, s.signature)
+            signatures.append({"key": s.key, "sig": _b64(s.signature)}
+                              | ({"batch": list(together)} if len(together) > 1 else {}))
     proof.verify(checkpoint.root)  # never attest what the head does not include
     subjects = [dsse.subject(receipt.id, sha256=hashlib.sha256(receipt.body).hexdigest(),
                              blake3=digests.digest_hex(digests.raw_digest(receipt.body)))]
@@ -426,7 +432,7 @@ def attestation_statement(store: Store, artifacts: ArtifactStore, ref: str, sign
     predicate = {
         "receipt": digests.parse_canonical(receipt.body),
         "receipt_id": receipt.id,
-        "signatures": [{"key": s.key, "sig": _b64(s.signature)} for s in proof.signatures],
+        "signatures": signatures,
         "log": {"checkpoint": head.decode(), "leaf_index": proof.leaf_index,
                 "inclusion_proof": [_b64(h) for h in proof.proof]},
         "not_subjects": not_subjects,

@@ -63,6 +63,7 @@ from ledger.transparency_errors import (
     InclusionProofInvalid,
     LogOriginMismatch,
     MalformedEnvelope,
+    SignatureInvalid,
     UnknownKey,
 )
 
@@ -225,33 +226,58 @@ class SignatureReport:
                 "revoked": {label: revoked(label) for label in sorted(self.revoked)}}
 
 
-def _check_signature(rid: str, leaf: int, s: LeafSignature, keys: Mapping[str, RegisteredKey],
-                     revoked: Mapping[str, Revocation]) -> None:
-    """One signature of the receipt at ``leaf``: by a registered key, registered at or before it, not revoked
-    before it, over the receipt's id."""
-    k = keys.get(s.key)
-    if k is None:
-        raise UnregisteredKey(rid, s.key, sorted(keys))
-    if k.leaf_index > leaf:
-        raise KeyRegisteredLater(rid, s.key, leaf=leaf, registered_at=k.leaf_index, registration=k.receipt)
-    r = revoked.get(s.key)
-    if r is not None and r.leaf_index < leaf:  # a revocation signed by the key it revokes is still its own
-        raise KeyRevoked(f"receipt {rid} (leaf {leaf})", s.key, r, after="before the receipt it signs", receipt=rid,
-                         at=leaf)
-    verify_receipt_signature(ReceiptSignature(rid, s.key, s.signature), k.verifier)  # SignatureInvalid
+class _Signatures:
+    """Checks stored signatures, each once: a batch signature (ledger/signing.py) signs the receipts the ledger
+    stores it with, read through ``conn`` (tlog.signed_together) and verified the first time one of them is met."""
 
+    def __init__(self, conn: Connection, keys: Mapping[str, RegisteredKey], revoked: Mapping[str, Revocation]) -> None:
+        self.conn, self.keys, self.revoked = conn, keys, revoked
+        self._signs: dict[tuple[str, bytes], frozenset[str]] = {}  # verified signature -> the ids it signs
 
-def _check_leaf_signatures(rid: str, leaf: int, sigs: Sequence[LeafSignature], keys: Mapping[str, RegisteredKey],
-                           revoked: Mapping[str, Revocation], report: SignatureReport, require: bool) -> None:
-    report.checked += 1
-    if not sigs:
-        if require:
-            raise UnsignedReceipt(rid)
-        report.unsigned.append(rid)
-        return
-    for s in sigs:
-        _check_signature(rid, leaf, s, keys, revoked)
-        report.signed[s.key] = report.signed.get(s.key, 0) + 1
+    def check(self, rid: str, leaf: int, s: LeafSignature) -> None:
+        """One signature of the receipt at ``leaf``: by a registered key, registered at or before it, not revoked
+        before it, over the receipt's id (alone or with the receipts stored with the same signature)."""
+        k = self.keys.get(s.key)
+        if k is None:
+            raise UnregisteredKey(rid, s.key, sorted(self.keys))
+        if k.leaf_index > leaf:
+            raise KeyRegisteredLater(rid, s.key, leaf=leaf, registered_at=k.leaf_index, registration=k.receipt)
+        r = self.revoked.get(s.key)
+        if r is not None and r.leaf_index < leaf:  # a revocation signed by the key it revokes is still its own
+            raise KeyRevoked(f"receipt {rid} (leaf {leaf})", s.key, r, after="before the receipt it signs",
+                             receipt=rid, at=leaf)
+        signs = self._signs.get((s.key, s.signature))
+        if signs is None:
+            together = tlog.signed_together(self.conn, s.key, s.signature)
+            batch = together if len(together) > 1 else ()
+            try:
+                verify_receipt_signature(ReceiptSignature(rid, s.key, s.signature, batch), k.verifier)
+            except SignatureInvalid:
+                # Another receipt of the batch rewritten is named as such, not as this receipt's bad signature.
+                self._rewritten_among([other for other in together if other != rid])
+                raise
+            signs = self._signs[(s.key, s.signature)] = frozenset(together)
+        if rid not in signs:  # signatures are read from the rows that name rid: only a changing ledger gets here
+            raise SignatureInvalid(f"receipt {rid}", key=s.key, expected=f"a signature over {rid}",
+                                   actual=f"a signature over {len(signs)} other receipt(s)", receipt=rid)
+
+    def _rewritten_among(self, ids: Sequence[str]) -> None:
+        """Raise ReceiptRewritten (or LogReordered) for the first of ``ids`` whose leaf no longer recomputes."""
+        for rid in ids:
+            index, entry = leaf_of(self.conn, rid)
+            _check_stored_leaf(self.conn, rid, index, entry.seq, entry, None)
+
+    def check_leaf(self, rid: str, leaf: int, sigs: Sequence[LeafSignature], report: SignatureReport,
+                   require: bool) -> None:
+        report.checked += 1
+        if not sigs:
+            if require:
+                raise UnsignedReceipt(rid)
+            report.unsigned.append(rid)
+            return
+        for s in sigs:
+            self.check(rid, leaf, s)
+            report.signed[s.key] = report.signed.get(s.key, 0) + 1
 
 
 def checked_revocations(store: Store, keys: Mapping[str, RegisteredKey] | None = None) -> dict[str, Revocation]:
@@ -264,11 +290,12 @@ def checked_revocations(store: Store, keys: Mapping[str, RegisteredKey] | None =
     for r in every:
         revoked.setdefault(r.label, r)  # the first in log order is when the key stops counting
     with store.engine.connect() as conn:
+        signatures = _Signatures(conn, keys, revoked)
         for r in every:
             if not r.signatures:
                 raise RevocationUnsigned(r)
             for s in r.signatures:
-                _check_signature(r.receipt, r.leaf_index, s, keys, revoked)
+                signatures.check(r.receipt, r.leaf_index, s)
             # ... and they are the signatures its leaf committed to (none added to an unsigned one since)
             _check_stored_leaf(conn, r.receipt, r.leaf_index, r.seq, tlog.LogEntry(r.seq, r.receipt, r.signatures),
                                None)
@@ -279,19 +306,21 @@ def check_signatures(store: Store, receipts: Iterable[str] | None = None, *, req
                      ) -> SignatureReport:
     """Check the signatures of ``receipts`` (ids; None: every receipt) against the keys the ledger registers: each
     by a registered key, registered at or before the receipt in log order, not revoked before it, over the
-    receipt's id. Each receipt's leaf must still match its id and signatures (a receipt rewritten after it was
-    logged fails here even without a head). With ``require`` an unsigned receipt fails. The ledger's revocations
-    are checked first, whichever receipts are asked for (:func:`checked_revocations`)."""
+    receipt's id (a batch signature over the ids stored with it, checked once for all of them). Each receipt's leaf
+    must still match its id and signatures (a receipt rewritten after it was logged fails here even without a
+    head). With ``require`` an unsigned receipt fails. The ledger's revocations are checked first, whichever
+    receipts are asked for (:func:`checked_revocations`)."""
     keys = registered_keys(store)
     revoked = checked_revocations(store, keys)
     report = SignatureReport(keys=keys, revoked=revoked)
     with store.engine.connect() as conn:
+        signatures = _Signatures(conn, keys, revoked)
         if receipts is None:
             for row in iter_logged(conn, bodies=False):
                 if row.receipt is None:
                     continue  # a missing row is the integrity checks' (and a head's) to report
                 # The signatures first: a signature row replaced after logging is named as the bad signature it is.
-                _check_leaf_signatures(row.receipt, row.leaf_index, row.signatures, keys, revoked, report, require)
+                signatures.check_leaf(row.receipt, row.leaf_index, row.signatures, report, require)
                 _check_stored_leaf(conn, row.receipt, row.leaf_index, row.seq,
                                    tlog.LogEntry(row.seq, row.receipt, row.signatures), row.stored_hash)
             for seq, rid in unlogged_receipts(conn):
@@ -299,7 +328,7 @@ def check_signatures(store: Store, receipts: Iterable[str] | None = None, *, req
             return report
         for rid in receipts:
             index, entry = leaf_of(conn, rid)
-            _check_leaf_signatures(rid, index, entry.signatures, keys, revoked, report, require)
+            signatures.check_leaf(rid, index, entry.signatures, report, require)
             _check_stored_leaf(conn, rid, index, entry.seq, entry, None)
     return report
 
@@ -727,9 +756,13 @@ def verify_attestation(data: bytes | str, trusted: Iterable[note.Verifier], *,
     for i, s in enumerate(_field(pred, "signatures", list, "predicate")):
         key = _field(s, "key", str, f"predicate.signatures[{i}]")
         raw = _b64(_field(s, "sig", str, f"predicate.signatures[{i}]"), f"predicate.signatures[{i}].sig")
+        batch = s.get("batch", [])
+        if not (isinstance(batch, list) and all(digests.is_digest(b) for b in batch)):
+            raise AttestationMismatch(f"predicate.signatures[{i}].batch is not a list of receipt ids", receipt=rid,
+                                      actual=repr(batch)[:80])
         if key not in by_label:
             raise UnknownKey(f"receipt {rid}", expected=sorted(by_label), actual=[key])
-        verify_receipt_signature(ReceiptSignature(rid, key, raw), by_label[key])
+        verify_receipt_signature(ReceiptSignature(rid, key, raw, tuple(batch)), by_label[key])
         sigs.append(LeafSignature(key, raw))
     log = _field(pred, "log", dict, "predicate")
     cp = open_head(_field(log, "checkpoint", str, "predicate.log"), keys).checkpoint

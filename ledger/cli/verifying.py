@@ -172,9 +172,11 @@ def _verify_ledger(ref: str | None, db: str | None, artifacts: Path | None, requ
                                         require_artifacts=require_artifacts, rescore=rescore,
                                         runner=_model_runner(rescore))
         closure = [s.receipt.id for s in store.ancestors(result.receipt.receipt)]
-    result.signatures = check_signatures(store, closure, require=require_signatures)
+    # The head first: it names what happened to the log's history (truncated, rewritten, reordered, forked), which
+    # a batch signature would otherwise report, less precisely, as failing for a receipt appended beside the change.
     if head is not None:
         result.head = verify_head(store, head.read_bytes(), trusted=trusted, witnesses=witnesses, receipts=closure)
+    result.signatures = check_signatures(store, closure, require=require_signatures)
     return result
 
 

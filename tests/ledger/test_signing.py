@@ -155,3 +155,50 @@ def test_malformed_receipt_signature_records() -> None:
                 {**good, "receipt": "blake3:zz"}, [good]):
         with pytest.raises((MalformedKey, MalformedDigest)):
             signing.ReceiptSignature.from_dict(bad)
+
+
+def test_the_batch_message_is_the_specified_bytes() -> None:
+    ids = [RID, OTHER, "blake3:" + "60" * 32]
+    assert signing.batch_message(ids) == (b"training-ledger/receipt-batch-signature/v1\x00" + (3).to_bytes(4, "big")
+                                          + bytes.fromhex("5e" * 32 + "5f" * 32 + "60" * 32))
+    assert signing.batch_message([RID]) == signing.receipt_message(RID)  # a batch of one is the single message
+    assert not signing.batch_message(ids).startswith(signing.RECEIPT_SIGNATURE_DOMAIN)
+    for bad in ([], [RID, RID]):
+        with pytest.raises(ValueError, match="distinct"):
+            signing.batch_message(bad)
+    with pytest.raises(MalformedDigest):
+        signing.batch_message([RID, "blake3:" + "5F" * 32])
+
+
+def test_a_batch_signature_verifies_only_over_its_ids_in_order() -> None:
+    key = signing.generate_key("operator")
+    ids = [RID, OTHER, "blake3:" + "60" * 32]
+    [(chunk, sig)] = signing.sign_batch(key, ids)
+    assert chunk == tuple(ids)
+    for rid in ids:
+        assert signing.verify_receipt_signature(signing.ReceiptSignature(rid, key.verifier.label, sig, chunk),
+                                                key.verifier) == key.verifier
+    for batch in (tuple(reversed(ids)), chunk[:2], (*chunk, "blake3:" + "61" * 32)):  # reordered, shrunk, grown
+        with pytest.raises(SignatureInvalid):
+            signing.verify_receipt_signature(signing.ReceiptSignature(RID, key.verifier.label, sig, batch),
+                                             key.verifier)
+    with pytest.raises(SignatureInvalid, match="does not verify"):  # a batch that does not name the receipt
+        signing.verify_receipt_signature(signing.ReceiptSignature("blake3:" + "61" * 32, key.verifier.label, sig,
+                                                                  chunk), key.verifier)
+    with pytest.raises(SignatureInvalid):  # nor is a batch signature one over a receipt alone
+        signing.verify_receipt_signature(signing.ReceiptSignature(RID, key.verifier.label, sig), key.verifier)
+    assert signing.sign_batch(key, [RID]) == [((RID,), signing.sign_receipt(key, RID).signature)]
+    many = ["blake3:" + f"{i:064x}" for i in range(signing.MAX_BATCH + 1)]
+    assert [len(c) for c, _ in signing.sign_batch(key, many)] == [signing.MAX_BATCH, 1]
+
+
+def test_a_batch_signature_round_trips_as_a_dict() -> None:
+    key = signing.generate_key("operator")
+    [(chunk, sig)] = signing.sign_batch(key, [RID, OTHER])
+    batched = signing.ReceiptSignature(OTHER, key.verifier.label, sig, chunk)
+    assert batched.to_dict()["batch"] == [RID, OTHER]
+    assert signing.ReceiptSignature.from_dict(batched.to_dict()) == batched
+    assert "batch" not in signing.sign_receipt(key, RID).to_dict()
+    for bad in ("not a list", [1], ["sha256:" + "00" * 32]):
+        with pytest.raises((MalformedKey, MalformedDigest)):
+            signing.ReceiptSignature.from_dict({**batched.to_dict(), "batch": bad})

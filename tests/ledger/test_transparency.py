@@ -18,7 +18,7 @@ from ledger import merkle, note, tlog
 from ledger import transparency as tp
 from ledger.database import resolve_url
 from ledger.receipts import Receipt, make_receipt
-from ledger.signing import generate_key, receipt_message, save_private_key, sign_receipt
+from ledger.signing import batch_message, generate_key, receipt_message, save_private_key, sign_receipt
 from ledger.store import ENV_SIGNING_KEY, Store
 from tests.conftest import ReceiptChain
 
@@ -136,11 +136,17 @@ def test_signed_appends_store_the_signature_beside_the_receipt(store: Store, mak
     body_before = [s.receipt.body for s in stored]
     with store.engine.connect() as conn:
         sigs = tlog.signatures_by_seq(conn, [s.seq for s in stored])
+    ids = [s.receipt.id for s in sorted(stored, key=lambda s: s.seq)]
     for s in stored:
         (sig,) = sigs[s.seq]
         assert sig.key == signer.verifier.label
-        # the signature is over the 69-byte message of ledger/signing.py
-        note.Verifier(signer.name, signer.verifier.public_key).verify(receipt_message(s.receipt.id), sig.signature)
+        # one signature for the batch, over ledger/signing.py's batch message of the ids in log order
+        note.Verifier(signer.name, signer.verifier.public_key).verify(batch_message(ids), sig.signature)
+    alone = store.append(note_receipt(99), signer=signer)
+    with store.engine.connect() as conn:
+        (sig,) = tlog.signatures_by_seq(conn, [alone.seq])[alone.seq]
+    # a receipt appended alone: the 69-byte message
+    note.Verifier(signer.name, signer.verifier.public_key).verify(receipt_message(alone.receipt.id), sig.signature)
     assert [store.get(s.receipt.id).receipt.body for s in stored] == body_before  # the id stays the body's digest
     assert tp.current_checkpoint(store).root == expected_root(store)
     # an already stored receipt keeps the signatures it was logged with
@@ -276,16 +282,19 @@ def test_upgrading_to_0004_logs_the_receipts_already_stored(tmp_path: Path, make
     assert migrate.schema_diff(url) == []
 
 
-def test_the_stores_batch_signing_is_sign_receipt(make_chain: MakeChain) -> None:
-    """tlog.sign_ids works out the key's label once per batch; the signatures are sign_receipt's, byte for byte."""
+def test_the_stores_batch_signing_is_sign_batch(make_chain: MakeChain) -> None:
+    """tlog.sign_ids gives every id of a batch its batch signature (signing.sign_batch), and one id alone
+    sign_receipt's bytes."""
+    from ledger.signing import sign_batch
     from ledger.transparency_errors import MalformedKey
 
     signer = generate_key("operator")
     ids = [r.id for r in make_chain().receipts()]
     signed = tlog.sign_ids(signer, ids)
-    for rid in ids:
-        want = sign_receipt(signer, rid)
-        assert signed[rid] == (tlog.LeafSignature(want.key, want.signature),)
+    [(chunk, sig)] = sign_batch(signer, ids)
+    assert chunk == tuple(ids) and all(signed[rid] == (tlog.LeafSignature(signer.verifier.label, sig),) for rid in ids)
+    want = sign_receipt(signer, ids[0])
+    assert tlog.sign_ids(signer, ids[:1]) == {ids[0]: (tlog.LeafSignature(want.key, want.signature),)}
     with pytest.raises(MalformedKey):
         tlog.sign_ids(note.Signer.generate("w", note.ALG_COSIGNATURE_V1), ids)
     with pytest.raises(Exception, match="blake3"):
