@@ -35,12 +35,12 @@ from typing import Any
 import httpx
 import torch
 
-from ledger.artifacts import ArtifactStore, read_jsonl
+from ledger.artifacts import ArtifactStore, read_jsonl, workdir_root
 from ledger.experiment.config import config_from_dict
 from ledger.store import Store
 from runners import loadgen
 from runners.model import greedy_generate
-from runners.prepare import artifact_root, pinned_threads, prepare
+from runners.prepare import pinned_threads, prepare
 from runners.serve import ReplicaSpec, load_replica
 from verify import serving as vs
 
@@ -60,7 +60,7 @@ def prepare_experiment(root: Path, model: str) -> tuple[ReplicaSpec, list[dict[s
     })
     with Store.open(root / "ledger.db", create=True) as store, pinned_threads(1):
         result = prepare(config, root, store)
-    arts = ArtifactStore(artifact_root(root))
+    arts = ArtifactStore(workdir_root(root))
     a = result.artifacts
     spec = ReplicaSpec(checkpoint=result.seed_checkpoint, state=a["seed_state"], model_digest=a["model"],
                        tokenizer=arts.path_for(a["tokenizer"]), config=arts.path_for(a["config"]), threads=1)

@@ -26,8 +26,20 @@ ENV_ARTIFACTS = "LEDGER_ARTIFACTS"
 FILE_MODE = 0o644  # before the umask, as open(2) would create a file
 
 
+def workdir_root(workdir: str | os.PathLike[str]) -> Path:
+    """Where the runners of a work directory keep its artifacts: ``$LEDGER_ARTIFACTS``, else ``<workdir>/artifacts``.
+
+    The one rule for every runner (prepare, the rank workers, recovery, evaluation, serving, replay, the
+    experiment), whatever ledger they append to: an SQLite file elsewhere or a PostgreSQL URL has no bearing on
+    where a work directory's bytes are. Commands given only a ledger use :func:`default_root`."""
+    env = os.environ.get(ENV_ARTIFACTS)
+    return Path(env) if env else Path(workdir) / "artifacts"
+
+
 def default_root(db_url: str | None = None) -> Path:
-    """``$LEDGER_ARTIFACTS``, else ``artifacts/`` beside an SQLite ledger file, else ``./artifacts``."""
+    """For commands given a ledger and no work directory: ``$LEDGER_ARTIFACTS``, else ``artifacts/`` beside an
+    SQLite ledger file, else ``./artifacts`` (the main job keeps its ledger in its work directory, so the two rules
+    agree for it; ``--artifacts`` says otherwise)."""
     env = os.environ.get(ENV_ARTIFACTS)
     if env:
         return Path(env)

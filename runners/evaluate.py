@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 
-from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_jsonl
+from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_jsonl, workdir_root
 from ledger.errors import InputError
 from ledger.experiment.config import ARMS, ExperimentConfig, config_from_bytes, single_rank_arm
 from ledger.experiment.tokenizer import Tokenizer, tokenizer_from_bytes
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from runners.model import CausalLM, HFCausalLM, TinyLM, build_model, greedy_generate, sequence_nll
-from runners.prepare import artifact_root, pinned_threads
+from runners.prepare import pinned_threads
 from verify import evaluation as ev
 from verify import statistics as st
 
@@ -336,7 +336,7 @@ def run_evaluation(workdir: Path, db: str, *, prepared: str | None = None, threa
                    progress: Progress | None = None) -> EvaluationResult:
     """The CLI's entry point: open the ledger and evaluate into ``<workdir>/artifacts``."""
     with Store.open(db) as store:
-        return evaluate_experiment(store, ArtifactStore(artifact_root(Path(workdir))), prepared=prepared,
+        return evaluate_experiment(store, ArtifactStore(workdir_root(workdir)), prepared=prepared,
                                    threads=threads, progress=progress)
 
 

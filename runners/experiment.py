@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ledger.artifacts import ArtifactStore, default_root
+from ledger.artifacts import ArtifactStore, workdir_root
 from ledger.experiment.config import ARMS
 from ledger.store import ENV_SIGNING_KEY, Store
 from ledger.transparency import export_head, operator_key_path, operator_setup
@@ -101,7 +101,7 @@ def _experiment(workdir: Path, db: str, config: Path | None, signer: Any, *,
     prepared = str(run_prepare(config, workdir, db)["prepared"])
     seconds["prepare"] = time.perf_counter() - started
     with Store.open(db) as store:
-        cfg = load_prepared(store, ArtifactStore(default_root(store.url)), prepared).config
+        cfg = load_prepared(store, ArtifactStore(workdir_root(workdir)), prepared).config
 
     for arm in ARMS:
         t0 = time.perf_counter()
@@ -134,7 +134,7 @@ def _experiment(workdir: Path, db: str, config: Path | None, signer: Any, *,
     t0 = time.perf_counter()
     step("audit: verify every receipt, recompute the report and render report.html")
     with Store.open(db) as store:
-        arts = ArtifactStore(default_root(store.url))
+        arts = ArtifactStore(workdir_root(workdir))
         # A signed head of everything recorded so far: the audit proves the ledger extends it and holds every
         # receipt; the page names it. The final head (with the audit's own receipts) is exported at the end.
         export_head(store, signer, workdir / "audited-head.txt")

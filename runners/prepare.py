@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ledger import digests
-from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_json, read_jsonl
+from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_json, read_jsonl, workdir_root
 from ledger.errors import InputError, LedgerError
 from ledger.experiment import corpus, tasks
 from ledger.experiment.config import ARMS, ExperimentConfig, PretrainConfig, config_from_bytes, load_config
@@ -230,10 +230,6 @@ def pinned_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def artifact_root(workdir: Path) -> Path:
-    return Path(workdir) / "artifacts"
-
-
 def _loss_curve(losses: list[float]) -> dict[str, Any]:
     every = max(1, math.ceil(len(losses) / _LOSS_POINTS))
     return {"every": every, "values": losses[::every]}
@@ -270,7 +266,7 @@ def prepare(config: ExperimentConfig, workdir: Path, store: Store) -> PrepareRes
 
     t_start = time.perf_counter()
     workdir = Path(workdir)
-    arts = ArtifactStore(artifact_root(workdir))
+    arts = ArtifactStore(workdir_root(workdir))
     seed = config.seed
     # The checkpoint captures the process-global generators too: seed them so the seed state is reproducible.
     seed_global_rngs(tasks.derived_seed(seed, _STREAM_PRETRAIN), 0)
@@ -391,7 +387,7 @@ def run_prepare(config_path: Path | None, workdir: Path, db: str | None) -> dict
         result = prepare(config, workdir, store)
         summary = result.to_json()
         summary["db"] = store.url
-    summary["artifacts_dir"] = str(artifact_root(workdir))
+    summary["artifacts_dir"] = str(workdir_root(workdir))
     return summary
 
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.artifacts import ArtifactStore, default_root
+from ledger.artifacts import ArtifactStore, workdir_root
 from ledger.errors import InputError, LedgerError
 from ledger.experiment.config import ARMS
 from ledger.receipts import Receipt, make_receipt
@@ -100,13 +100,14 @@ def latest_common_checkpoint(store: Store, prepared: str, run: str, world: int) 
     return {rank: steps[step] for rank, steps in by_rank.items()}
 
 
-def plan_recovery(db: str, *, arm: str | None = None, kill_rank: int = 1, kill_after_step: int | None = None,
-                  prepared: str | None = None, steps: int | None = None, run: str | None = None) -> RecoveryPlan:
+def plan_recovery(workdir: Path, db: str, *, arm: str | None = None, kill_rank: int = 1,
+                  kill_after_step: int | None = None, prepared: str | None = None, steps: int | None = None,
+                  run: str | None = None) -> RecoveryPlan:
     """Settle the arm (default: the prepared config's ``contract.primary_arm``), the kill, the uninterrupted run
     to compare against (reused if complete) and the recovered run's name; refuse impossible requests."""
     with Store.open(db) as store:
         prep = store.latest_prepared(prepared)
-        cfg = load_prepared(store, ArtifactStore(default_root(store.url)), prep).config
+        cfg = load_prepared(store, ArtifactStore(workdir_root(workdir)), prep).config
         arm = arm if arm is not None else cfg.contract.primary_arm
         if arm not in ARMS:
             raise InputError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
@@ -232,8 +233,8 @@ def run_recover(workdir: Path, db: str, *, arm: str | None = None, kill_rank: in
     namespace host; ``kill_host`` makes the killed rank's host die (link, processes, namespace) and the restarted
     group run on the host made anew.
     """
-    plan = plan_recovery(db, arm=arm, kill_rank=kill_rank, kill_after_step=kill_after_step, prepared=prepared,
-                         steps=steps, run=run)
+    plan = plan_recovery(workdir, db, arm=arm, kill_rank=kill_rank, kill_after_step=kill_after_step,
+                         prepared=prepared, steps=steps, run=run)
     if not plan.base_complete:
         train_uninterrupted(workdir, db, plan, steps=steps, timeout=timeout, hosts=hosts)
     killed = run_killed(workdir, db, plan, steps=steps, timeout=timeout, hosts=hosts, kill_host=kill_host)

@@ -85,11 +85,11 @@ def replay(workdir: Path, db: str, ref: str, *, record: bool = False, timeout: f
         prepared = start.prepared
         # The recorded output's own files must still be what its receipts say (an edited file is named here);
         # checked before re-executing, so an altered record fails without spending the compute.
-        from ledger.artifacts import ArtifactStore, default_root
+        from ledger.artifacts import ArtifactStore, workdir_root
         from verify.receipts import verify_receipt
 
         for recorded in end.values():
-            verify_receipt(store, recorded.id, artifacts=ArtifactStore(default_root(store.url)))
+            verify_receipt(store, recorded.id, artifacts=ArtifactStore(workdir_root(workdir)))
     to_step = next(iter(end.values())).step or 0
     with tempfile.TemporaryDirectory(prefix="ledger-replay-") as tmp:
         mapping = Path(tmp) / "restore.json"

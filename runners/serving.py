@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ledger.artifacts import ArtifactStore, default_root, put_json, put_jsonl
+from ledger.artifacts import ArtifactStore, put_json, put_jsonl, workdir_root
 from ledger.errors import InputError
 from ledger.experiment.formats import SERVE_PHASE_FORMAT, SERVE_REPLICA_FORMAT, SERVE_SUMMARY_FORMAT
 from ledger.receipts import Receipt, make_receipt
@@ -86,7 +86,7 @@ def run_serving(workdir: Path, db: str, *, prepared: str | None = None, replicas
     docs/hosts.md), so every request and answer crosses the shaped links."""
     say = progress or (lambda _m: None)
     with Store.open(db) as store:
-        arts = ArtifactStore(default_root(store.url))
+        arts = ArtifactStore(workdir_root(workdir))
         digest = store.latest_prepared(prepared)
         config = load_prepared(store, arts, digest).config
         arm = config.contract.primary_arm
@@ -106,7 +106,7 @@ def run_serving(workdir: Path, db: str, *, prepared: str | None = None, replicas
 
     served = serve() if hosts is None else in_namespace(ensure(hosts).network.switch, serve)
     with Store.open(db) as store:
-        return record_serving(store, ArtifactStore(default_root(store.url)), served, source=source,
+        return record_serving(store, ArtifactStore(workdir_root(workdir)), served, source=source,
                               contract=contract, arm=arm, hosts=hosts)
 
 

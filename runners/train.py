@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ledger import digests
-from ledger.artifacts import ArtifactStore, default_root
+from ledger.artifacts import ArtifactStore, workdir_root
 from ledger.errors import InputError, LedgerError, RunFailed
 from ledger.experiment.config import ARMS, ExperimentConfig
 from ledger.experiment.corpus import window_offsets
@@ -311,7 +311,7 @@ class RankRun:
 
 def set_up(args: argparse.Namespace, env: RankEnv, store: Store) -> RankRun:
     """Join the group and build this rank's seed model, optimizer, generators and arm strategy."""
-    artifacts = ArtifactStore(default_root(store.url))
+    artifacts = ArtifactStore(workdir_root(args.workdir))
     prep = load_prepared(store, artifacts, store.latest_prepared(args.prepared))
     cfg = prep.config
     tcfg = cfg.train

@@ -5,11 +5,8 @@ This module is the composition root's runner half: the only CLI code that import
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,23 +44,6 @@ def _hosts(on: bool, n: int, url: str) -> Any:
     hosts = require(n)
     check_ledger_reach(url, hosts)
     return hosts
-
-
-@contextmanager
-def _artifacts_in(workdir: Path, url: str) -> Iterator[None]:
-    """A database URL has no directory for the artifacts to sit beside: unless ``$LEDGER_ARTIFACTS`` says otherwise,
-    they are ``<workdir>/artifacts``, where prepare writes them, for this command and every rank or replica it
-    starts (they inherit the variable). An SQLite file keeps its default, the ``artifacts/`` beside it."""
-    from ledger.artifacts import ENV_ARTIFACTS
-
-    if os.environ.get(ENV_ARTIFACTS) or "://" not in url or url.startswith("sqlite"):
-        yield
-        return
-    os.environ[ENV_ARTIFACTS] = str((workdir / "artifacts").resolve())
-    try:
-        yield
-    finally:
-        os.environ.pop(ENV_ARTIFACTS, None)
 
 
 def register(app: typer.Typer, run_app: typer.Typer) -> None:
@@ -139,27 +119,26 @@ def train_cmd(
     url = run_db(db, workdir)
     hosts = _hosts(on_hosts, max(ARMS[a].world for a in arms), url)
     results = []
-    with _artifacts_in(workdir, url):
-        for a in arms:
-            progress = workdir / "logs" / f"progress-{a}.json"
-            progress.parent.mkdir(parents=True, exist_ok=True)
-            progress.unlink(missing_ok=True)
-            started = time.perf_counter()
-            launched, run = _with_progress(
-                f"train {a}", steps or _config_steps(url, workdir, prepared), progress,
-                lambda a=a, progress=progress: train_arm(workdir, url, a, prepared=prepared, steps=steps,
-                                                         extra=["--progress", str(progress)], hosts=hosts),
-            )
-            if not launched.ok:
-                raise RunFailed(a, launched.failed_rank, list(launched.returncodes),
-                                str(workdir / "logs" / run.replace("/", "_")))
-            with open_store(url) as store:
-                summary = summarize_arm(store, store.latest_prepared(prepared), a, run)
-            m = summary.measurements
-            results.append({"arm": a, "run": run, "summary": summary.id, "seconds": time.perf_counter() - started,
-                            "max_rank_loop_seconds": m["max_rank_loop_seconds"],
-                            "total_sent_bytes": m["total_sent_bytes"], "parameter_digest": m["parameter_digest"],
-                            "ratios": m["ratios"]})
+    for a in arms:
+        progress = workdir / "logs" / f"progress-{a}.json"
+        progress.parent.mkdir(parents=True, exist_ok=True)
+        progress.unlink(missing_ok=True)
+        started = time.perf_counter()
+        launched, run = _with_progress(
+            f"train {a}", steps or _config_steps(url, workdir, prepared), progress,
+            lambda a=a, progress=progress: train_arm(workdir, url, a, prepared=prepared, steps=steps,
+                                                     extra=["--progress", str(progress)], hosts=hosts),
+        )
+        if not launched.ok:
+            raise RunFailed(a, launched.failed_rank, list(launched.returncodes),
+                            str(workdir / "logs" / run.replace("/", "_")))
+        with open_store(url) as store:
+            summary = summarize_arm(store, store.latest_prepared(prepared), a, run)
+        m = summary.measurements
+        results.append({"arm": a, "run": run, "summary": summary.id, "seconds": time.perf_counter() - started,
+                        "max_rank_loop_seconds": m["max_rank_loop_seconds"],
+                        "total_sent_bytes": m["total_sent_bytes"], "parameter_digest": m["parameter_digest"],
+                        "ratios": m["ratios"]})
     emit(results, json_out, "\n".join(
         f"{r['arm']}: {r['summary']}  loop {r['max_rank_loop_seconds']:.1f}s  sent {r['total_sent_bytes']:,} B"
         f"  model {r['parameter_digest'][:19]}" for r in results))
@@ -180,9 +159,8 @@ def experiment_cmd(
         err.print(f"[{time.strftime('%H:%M:%S')}] {name}", highlight=False)
 
     url = run_db(db, workdir)
-    with _artifacts_in(workdir, url):
-        result = run_experiment(workdir, url, config, on_step=step, train_progress=_with_progress,
-                                hosts=_hosts(on_hosts, 4, url))
+    result = run_experiment(workdir, url, config, on_step=step, train_progress=_with_progress,
+                            hosts=_hosts(on_hosts, 4, url))
     if json_out:
         emit_json(result.to_json())
         return
@@ -227,11 +205,10 @@ def recover_cmd(
     if kill_host and not on_hosts:
         raise typer.BadParameter("only a namespace host can die: add --hosts", param_hint="--kill-host")
     url = run_db(db, workdir)
-    with _artifacts_in(workdir, url):
-        result = run_recover(workdir, url, arm=arm, kill_rank=kill_rank, kill_after_step=kill_after_step,
-                             prepared=prepared, steps=steps,
-                             restore_extra=["--resume-fault", resume_fault] if resume_fault else None,
-                             hosts=_hosts(on_hosts, 4, url), kill_host=kill_host)
+    result = run_recover(workdir, url, arm=arm, kill_rank=kill_rank, kill_after_step=kill_after_step,
+                         prepared=prepared, steps=steps,
+                         restore_extra=["--resume-fault", resume_fault] if resume_fault else None,
+                         hosts=_hosts(on_hosts, 4, url), kill_host=kill_host)
     rows = [dict(c.measurements) for c in result.comparisons]
     m = dict(result.summary.measurements)
     emit({"summary": result.summary.id, **m, "rank_comparisons": rows}, json_out,
@@ -380,13 +357,13 @@ def _recovery_text(summary: str, m: dict[str, Any], rows: list[dict[str, Any]]) 
 
 
 def _config_steps(url: str, workdir: Path, prepared: str | None) -> int:
-    from ledger.artifacts import ArtifactStore, default_root
+    from ledger.artifacts import ArtifactStore, workdir_root
     from ledger.store import Store
     from runners.prepare import load_prepared
 
     with Store.open(url) as store:
         digest = store.latest_prepared(prepared)
-        return load_prepared(store, ArtifactStore(default_root(store.url)), digest).config.train.steps
+        return load_prepared(store, ArtifactStore(workdir_root(workdir)), digest).config.train.steps
 
 
 def run_serve_cmd(
@@ -404,9 +381,8 @@ def run_serve_cmd(
     from runners.serving import run_serving
 
     url = run_db(db, workdir)
-    with _artifacts_in(workdir, url):
-        result = run_serving(workdir, url, prepared=prepared, replicas=replicas,
-                             progress=lambda m: err.print(m, highlight=False), hosts=_hosts(on_hosts, replicas, url))
+    result = run_serving(workdir, url, prepared=prepared, replicas=replicas,
+                         progress=lambda m: err.print(m, highlight=False), hosts=_hosts(on_hosts, replicas, url))
     value = result.to_json()
     verdict = "PASSED" if value["serving_fixture_passed"] else "FAILED"
     emit(value, json_out, f"serving {value['summary']}: fixture {verdict}; four/single throughput "

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from ledger.artifacts import ArtifactStore
+from ledger.artifacts import ArtifactStore, workdir_root
 from ledger.experiment.config import ARMS, config_from_dict
 from ledger.receipts import Receipt
 from ledger.store import Store
 from runners.evaluate import evaluate_experiment
-from runners.prepare import artifact_root, pinned_threads, prepare
+from runners.prepare import pinned_threads, prepare
 from runners.train import summarize_arm, train_arm
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -54,7 +54,7 @@ def run(root: Path, values: dict[str, Any]) -> tuple[Receipt, dict[str, Receipt]
         with Store.open(db) as store:
             summarize_arm(store, prepared, arm, name)
     with Store.open(db) as store:
-        result = evaluate_experiment(store, ArtifactStore(artifact_root(root)), prepared=prepared)
+        result = evaluate_experiment(store, ArtifactStore(workdir_root(root)), prepared=prepared)
     assert result.quality is not None
     return result.quality, result.evals
 

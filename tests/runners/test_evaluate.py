@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from ledger.artifacts import ArtifactStore, read_jsonl
+from ledger.artifacts import ArtifactStore, read_jsonl, workdir_root
 from ledger.experiment.config import ARMS, ExperimentConfig, config_from_dict
 from ledger.experiment.tasks import Document
 from ledger.experiment.tokenizer import CharTokenizer
@@ -26,7 +26,7 @@ from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from runners.checkpoint import save_checkpoint
 from runners.evaluate import evaluate_experiment, load_inputs, load_model, score, trained_arms
-from runners.prepare import artifact_root, pinned_threads, prepare
+from runners.prepare import pinned_threads, prepare
 from runners.rng import Rngs
 from tests.conftest import schema_fill
 from verify import statistics as st
@@ -54,7 +54,7 @@ class Experiment:
 
     @property
     def artifacts(self) -> ArtifactStore:
-        return ArtifactStore(artifact_root(self.workdir))
+        return ArtifactStore(workdir_root(self.workdir))
 
     def copy(self, dest: Path) -> Experiment:
         """The same experiment in another directory (ledger and artifacts; checkpoints stay where recorded)."""
@@ -66,7 +66,7 @@ class Experiment:
 
 def train_arm_in_process(store: Store, workdir: Path, arm: str, steps: int, lr: float) -> Receipt:
     """A few AdamW steps from the seed on the selection's answers; a real checkpoint and a real receipt chain."""
-    arts = ArtifactStore(artifact_root(workdir))
+    arts = ArtifactStore(workdir_root(workdir))
     inputs = load_inputs(store, arts)
     prep, cfg, tok = inputs.prepare, inputs.config, inputs.tokenizer
     seed_dir = Path(store.locations(prep.artifacts["seed_state"])[0])
@@ -123,7 +123,7 @@ def build_experiment(root: Path) -> Experiment:
         result = prepare(config, root, store)
         for arm, (steps, lr) in ARM_TRAINING.items():
             train_arm_in_process(store, root, arm, steps, lr)
-        ev = evaluate_experiment(store, ArtifactStore(artifact_root(root)))
+        ev = evaluate_experiment(store, ArtifactStore(workdir_root(root)))
     assert ev.quality is not None
     return Experiment(root, db, config, result.prepared, ev.evals, ev.comparisons, ev.quality)
 

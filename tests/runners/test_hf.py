@@ -20,14 +20,14 @@ import transformers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 from typer.testing import CliRunner
 
-from ledger.artifacts import ArtifactStore, read_jsonl
+from ledger.artifacts import ArtifactStore, read_jsonl, workdir_root
 from ledger.cli import app
 from ledger.experiment import corpus, tasks
 from ledger.experiment.tokenizer import HFTokenizer, tokenizer_from_bytes
 from ledger.store import Store
 from runners.evaluate import run_evaluation
 from runners.model import HFCausalLM, build_model, param_count
-from runners.prepare import artifact_root, load_model_weights, load_prepared, run_prepare
+from runners.prepare import load_model_weights, load_prepared, run_prepare
 from runners.recover import run_recover
 from runners.train import summarize_arm, train_arm
 from verify.audit import audit
@@ -116,14 +116,14 @@ def hf(tmp_path_factory: pytest.TempPathFactory) -> HFExperiment:
     recovered = run_recover(workdir, db, arm="diloco-four", prepared=prepared["prepared"])
     evaluation = run_evaluation(workdir, db, prepared=prepared["prepared"])
     with Store.open(db) as store:
-        audited = audit(store, ArtifactStore(artifact_root(workdir)), prepared["prepared"])
+        audited = audit(store, ArtifactStore(workdir_root(workdir)), prepared["prepared"])
     return HFExperiment(workdir, model_dir, prepared, recovered, evaluation, audited)
 
 
 def test_the_tokenizer_is_the_model_directorys(hf: HFExperiment) -> None:
     with Store.open(hf.db) as store:
         prep = store.find(kind="prepare")[-1].receipt
-    data = ArtifactStore(artifact_root(hf.workdir)).get_bytes(prep.artifacts["tokenizer"])
+    data = ArtifactStore(workdir_root(hf.workdir)).get_bytes(prep.artifacts["tokenizer"])
     assert data is not None
     tok = tokenizer_from_bytes(data)
     assert isinstance(tok, HFTokenizer) and tok == HFTokenizer.from_model_dir(hf.model_dir)
@@ -137,7 +137,7 @@ def test_the_tokenizer_is_the_model_directorys(hf: HFExperiment) -> None:
 
 def test_prepare_starts_from_the_directorys_weights_and_pretrains_them(hf: HFExperiment) -> None:
     with Store.open(hf.db) as store:
-        prep = load_prepared(store, ArtifactStore(artifact_root(hf.workdir)), hf.prepared["prepared"])
+        prep = load_prepared(store, ArtifactStore(workdir_root(hf.workdir)), hf.prepared["prepared"])
         receipt = prep.receipt
     base = transformers.AutoModelForCausalLM.from_pretrained(hf.model_dir, local_files_only=True)
     seed = build_model(prep.config.model, prep.tokenizer.vocab_size, 0)
@@ -152,7 +152,7 @@ def test_prepare_starts_from_the_directorys_weights_and_pretrains_them(hf: HFExp
     stream = prep.stream()
     with Store.open(hf.db) as store:
         sel = store.find(kind="selection")[-1].receipt
-    probes = read_jsonl(ArtifactStore(artifact_root(hf.workdir)), sel.artifacts["retention_probes"])
+    probes = read_jsonl(ArtifactStore(workdir_root(hf.workdir)), sel.artifacts["retention_probes"])
     assert len(probes) == 8
     for p in probes:
         assert stream.inside_pydoc(p["offset"], 32) and 0 <= p["step"] < 6

@@ -323,11 +323,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     each well under a minute here)."""
     import tomllib
 
-    from ledger.artifacts import ArtifactStore
+    from ledger.artifacts import ArtifactStore, workdir_root
     from ledger.experiment.config import config_from_dict
     from ledger.store import Store
     from runners.model import build_model
-    from runners.prepare import artifact_root, load_prepared, pinned_threads, prepare
+    from runners.prepare import load_prepared, pinned_threads, prepare
 
     hosts_or_skip()
     root = tmp_path_factory.mktemp("hosts")
@@ -335,7 +335,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     db = root / "ledger.db"
     with Store.open(db, create=True) as store, pinned_threads(1):
         prepared = prepare(config, root, store).prepared
-        vocab = load_prepared(store, ArtifactStore(artifact_root(root)), prepared).tokenizer.vocab_size
+        vocab = load_prepared(store, ArtifactStore(workdir_root(root)), prepared).tokenizer.vocab_size
     params = sum(p.numel() for p in build_model(config.model, vocab, config.seed).parameters())
     hosts.down(TRAIN_NET)
     try:
@@ -354,9 +354,8 @@ def _on_hosts(c: Cluster, arm: str) -> dict[int, Any]:
 @pytest.mark.distributed
 @pytest.mark.parametrize("arm", ARMS4)
 def test_arm_across_hosts_one_rank_per_host_verifies(cluster: Cluster, arm: str) -> None:
-    from ledger.artifacts import ArtifactStore
+    from ledger.artifacts import ArtifactStore, workdir_root
     from ledger.store import Store
-    from runners.prepare import artifact_root
     from verify.receipts import verify_receipt
 
     across = _on_hosts(cluster, arm)
@@ -365,7 +364,7 @@ def test_arm_across_hosts_one_rank_per_host_verifies(cluster: Cluster, arm: str)
         assert across[rank].measurements["binding"]["backend"] == "gloo"
     with Store.open(cluster.db) as store:
         summary = store.find(kind="arm-summary", run=f"train/{arm}")[-1].receipt
-        report = verify_receipt(store, summary.id, artifacts=ArtifactStore(artifact_root(cluster.workdir)),
+        report = verify_receipt(store, summary.id, artifacts=ArtifactStore(workdir_root(cluster.workdir)),
                                 require_artifacts=True)
     assert report.missing == []
 
@@ -523,7 +522,8 @@ def test_every_host_appends_to_postgresql_over_the_network(cluster: Cluster, led
             conn.execute(statement)
     with pytest.raises(InputError, match="operator's seat"):
         hosts.check_ledger_reach(tcp, hs)  # not from here: the machine's namespace has no route to the subnet
-    monkeypatch.setenv("LEDGER_ARTIFACTS", str(work / "artifacts"))  # what `ledger run` sets for a URL
+    # The runners keep the artifacts in <work>/artifacts; the audit and verify below, given only a URL, are told here.
+    monkeypatch.setenv("LEDGER_ARTIFACTS", str(work / "artifacts"))
 
     def train_at_the_switch() -> str:
         hosts.check_ledger_reach(tcp, hs)

@@ -259,3 +259,28 @@ def test_tokenizer_covers_the_corpus_and_every_document(tiny_toml: Path, tmp_pat
     assert tok.decode(ids) == corpus_text()
     assert torch.tensor(ids).max().item() < tok.vocab_size
 
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_ledger_outside_the_workdir_leaves_the_artifacts_in_it(tiny_toml: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every runner keeps a work directory's artifacts in ``<workdir>/artifacts`` (ledger.artifacts.workdir_root),
+    wherever its ledger is: prepare writes them there and a rank worker started with ``--db elsewhere`` reads its
+    prepared config from there too (it used to look beside the ledger file)."""
+    from ledger.artifacts import ENV_ARTIFACTS
+    from ledger.cli import app
+
+    monkeypatch.delenv(ENV_ARTIFACTS, raising=False)
+    workdir, db = tmp_path / "work", tmp_path / "elsewhere" / "ledger.db"
+    db.parent.mkdir()
+    runner = CliRunner()
+    for args in (["run", "prepare", "--workdir", workdir, "--db", db, "--config", tiny_toml],
+                 ["run", "train", "--workdir", workdir, "--db", db, "--arm", "single", "--steps", "2"]):
+        result = runner.invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+    assert (workdir / "artifacts").is_dir() and not (db.parent / "artifacts").exists()
+    with Store.open(db) as store:
+        end = store.find(kind="train-end")[-1].receipt
+        report = verify_receipt(store, end.id, artifacts=ArtifactStore(workdir / "artifacts"), require_artifacts=True)
+    assert report.missing == []

@@ -242,17 +242,17 @@ def test_the_default_arm_is_the_contracts_primary_arm(tmp_path: Path) -> None:
     result = cli("run", "prepare", "--workdir", tmp_path, "--db", tmp_path / "ledger.db", "--config", config)
     assert result.exit_code == 0, result.output
     db = str(tmp_path / "ledger.db")
-    plan = plan_recovery(db)
+    plan = plan_recovery(tmp_path, db)
     assert (plan.arm, plan.world, plan.kill_rank, plan.last_step) == ("ddp-four", WORLD, 1, 8)
     assert (plan.base, plan.base_complete, plan.run) == ("recover/ddp-four/uninterrupted", False, "recover/ddp-four")
     assert plan.kill_after_step == 5  # a little past the first checkpoint (4)
-    assert plan_recovery(db, arm="single", kill_rank=0).arm == "single"
+    assert plan_recovery(tmp_path, db, arm="single", kill_rank=0).arm == "single"
     with pytest.raises(LedgerError, match=r"--kill-rank 4: arm ddp-four has ranks 0\.\.3"):
-        plan_recovery(db, kill_rank=4)
+        plan_recovery(tmp_path, db, kill_rank=4)
     with pytest.raises(LedgerError, match="--kill-after-step 8 must be"):
-        plan_recovery(db, kill_after_step=8)
+        plan_recovery(tmp_path, db, kill_after_step=8)
     with pytest.raises(InputError, match="unknown arm 'quad'"):
-        plan_recovery(db, arm="quad")
+        plan_recovery(tmp_path, db, arm="quad")
 
 
 # --------------------------------------------------------------------------------- wrong resumes, named

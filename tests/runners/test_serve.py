@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from ledger import serving_digests as sd
-from ledger.artifacts import ArtifactStore, read_jsonl
+from ledger.artifacts import ArtifactStore, read_jsonl, workdir_root
 from ledger.errors import DigestMismatch
 from ledger.experiment.config import config_from_dict
 from ledger.store import Store
 from runners import loadgen
 from runners.checkpoint import save_checkpoint
 from runners.model import greedy_generate
-from runners.prepare import artifact_root, pinned_threads, prepare
+from runners.prepare import pinned_threads, prepare
 from runners.rng import Rngs
 from runners.serve import ReplicaSpec, app_for, bind, decode, endpoint_of, load_replica, uvicorn_server
 from verify import serving as vs
@@ -83,7 +83,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
     config = config_from_dict(TINY)
     with Store.open(root / "ledger.db", create=True) as store, pinned_threads(1):
         result = prepare(config, root, store)
-    arts = ArtifactStore(artifact_root(root))
+    arts = ArtifactStore(workdir_root(root))
     a = result.artifacts
     seed_spec = ReplicaSpec(checkpoint=result.seed_checkpoint, state=a["seed_state"], model_digest=a["model"],
                             tokenizer=arts.path_for(a["tokenizer"]), config=arts.path_for(a["config"]),

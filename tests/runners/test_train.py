@@ -23,7 +23,7 @@ import torch
 from typer.testing import CliRunner
 
 from ledger import chain
-from ledger.artifacts import ArtifactStore
+from ledger.artifacts import ArtifactStore, workdir_root
 from ledger.errors import ChainBroken, RunFailed
 from ledger.experiment.config import ARMS, ExperimentConfig, config_from_dict
 from ledger.receipts import Receipt, make_receipt
@@ -31,7 +31,7 @@ from ledger.store import Store
 from runners.arms import strategy_for
 from runners.distributed import Comm, free_port
 from runners.model import build_model
-from runners.prepare import artifact_root, load_model_weights, load_prepared, pinned_threads, prepare
+from runners.prepare import load_model_weights, load_prepared, pinned_threads, prepare
 from runners.train import (
     documents_loss,
     encode_batch,
@@ -81,7 +81,7 @@ class Experiment:
 
     def n_params(self) -> int:
         with self.store() as store:
-            prep = load_prepared(store, ArtifactStore(artifact_root(self.workdir)), self.prepared)
+            prep = load_prepared(store, ArtifactStore(workdir_root(self.workdir)), self.prepared)
         model = build_model(self.config.model, prep.tokenizer.vocab_size, self.config.seed)
         return sum(p.numel() for p in model.parameters())
 
@@ -130,7 +130,7 @@ def test_every_receipt_verifies_with_its_artifacts(experiment: Experiment, arm: 
     world = ARMS[arm].world
     assert sorted(a.ends) == list(range(world))
     assert sorted(a.checkpoints) == [(r, s) for r in range(world) for s in (CHECKPOINT_EVERY, STEPS)]
-    artifacts = ArtifactStore(artifact_root(experiment.workdir))
+    artifacts = ArtifactStore(workdir_root(experiment.workdir))
     with experiment.store() as store:
         report = verify_receipt(store, a.summary.id, artifacts=artifacts, require_artifacts=True)
         assert report.missing == []
@@ -283,7 +283,7 @@ def test_sent_bytes_are_exactly_what_the_gradient_size_predicts(experiment: Expe
     # Each arm's strategy says what it sends; every rank sent exactly that.
     for arm in ARMS:
         with experiment.store() as store:
-            prep = load_prepared(store, ArtifactStore(artifact_root(experiment.workdir)), experiment.prepared)
+            prep = load_prepared(store, ArtifactStore(workdir_root(experiment.workdir)), experiment.prepared)
         model = build_model(experiment.config.model, prep.tokenizer.vocab_size, experiment.config.seed)
         strategy = strategy_for(ARMS[arm], model, experiment.config.train, Comm(ARMS[arm].world))
         a = experiment.arms[arm, "a"]
@@ -323,7 +323,7 @@ def test_per_rank_figures_are_present_and_consistent(experiment: Experiment, arm
 
 def test_pretraining_windows_are_a_function_of_the_step_split_by_rank(experiment: Experiment) -> None:
     with experiment.store() as store:
-        prep = load_prepared(store, ArtifactStore(artifact_root(experiment.workdir)), experiment.prepared)
+        prep = load_prepared(store, ArtifactStore(workdir_root(experiment.workdir)), experiment.prepared)
     cfg = prep.config
     stream = torch.tensor(prep.stream().ids)
     for step in (1, 2, STEPS):
@@ -394,7 +394,7 @@ def _seed_losses(exp: Experiment, arm: str, ckpt_losses: dict[int, list[list[Any
     """The seed model's loss on exactly the documents and pretraining windows each (rank, step) of ``ckpt_losses``
     trained on."""
     with exp.store() as store:
-        prep = load_prepared(store, ArtifactStore(artifact_root(exp.workdir)), exp.prepared)
+        prep = load_prepared(store, ArtifactStore(workdir_root(exp.workdir)), exp.prepared)
     cfg = prep.config
     model = build_model(cfg.model, prep.tokenizer.vocab_size, cfg.seed)
     load_model_weights(prep.seed_checkpoint, model)
