@@ -12,7 +12,6 @@ them: artifacts exist to be re-hashed, often by an auditor running as another us
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -56,7 +55,7 @@ def _create_temp(directory: Path, name: str) -> tuple[int, Path]:
     """A new hidden temporary file beside ``name`` in ``directory``, mode FILE_MODE less the umask (``mkstemp``
     would make it 0600, and the rename would keep that)."""
     while True:
-        tmp = directory / f".{name}.{secrets.token_hex(8)}.tmp"
+        tmp = directory / f".{name}.{os.urandom(8).hex()}.tmp"  # secrets.token_hex's bytes, without importing hmac
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE), tmp
         except FileExistsError:

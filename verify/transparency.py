@@ -625,6 +625,8 @@ def witness_add_head(state: str | os.PathLike[str] | None, head: bytes, witness:
                 raise WitnessRefused(origin, f"it does not extend the last checkpoint seen (size {previous.size}): "
                                      f"{exc.detail}; a split view or a rewritten log",
                                      expected=exc.expected, actual=exc.actual) from None
+    if store is not None:
+        _log_key_not_revoked(store, origin, cp, key)
     cosigned = note.cosign_checkpoint(head, key, witness,
                                       timestamp=int(time.time()) if timestamp is None else timestamp)
     where.mkdir(parents=True, exist_ok=True)
@@ -632,6 +634,30 @@ def witness_add_head(state: str | os.PathLike[str] | None, head: bytes, witness:
         atomic_write(pinned_path, (key.key() + "\n").encode())
     atomic_write(last_path, cosigned)
     return WitnessResult(cp, None if previous is None else previous.size, len(proof), cosigned, key.label)
+
+
+def _log_key_not_revoked(store: Store, origin: str, cp: note.Checkpoint, key: note.Verifier) -> None:
+    """Refuse a checkpoint whose tree includes a revocation of the log key that signed it (a head the key signed
+    after it was revoked). The revocation is taken from the ledger only when it is checked (signed, by a registered
+    key not revoked before it) and proved to be in the checkpoint's own tree: a ledger cannot make a witness refuse
+    a head with a revocation the head does not commit to. A ledger of another origin, or too small to hold the
+    checkpoint's tree, says nothing about it."""
+    with store.engine.connect() as conn:
+        if tlog.origin(conn) != origin or tlog.log_size(conn) < cp.size:
+            return
+    revoked = checked_revocations(store).get(key.label)
+    if revoked is None or revoked.leaf_index >= cp.size:
+        return
+    with store.engine.connect() as conn:
+        proof = inclusion(conn, revoked.receipt, cp.size)
+    try:
+        proof.verify(cp.root)
+    except InclusionProofInvalid:
+        return
+    raise WitnessRefused(origin, f"its key {key.label} was revoked at leaf {revoked.leaf_index} by "
+                         f"{revoked.receipt}, which this checkpoint of {cp.size} leaves includes",
+                         expected=f"a checkpoint of at most {revoked.leaf_index} leaves by {key.label}",
+                         actual=cp.size)
 
 
 def _witness_proof(store: Store | None, origin: str, size1: int, size2: int) -> list[bytes]:

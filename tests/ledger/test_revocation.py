@@ -324,3 +324,27 @@ def test_a_witness_key_cannot_sign_a_revocation(ledger: Ledger) -> None:
     tp.create_key("w", ledger.keys, witness=True)
     assert_one_line(["keys", "revoke", "alice", "--key", "w", "--dir", str(ledger.keys), "--db", str(ledger.db)], 2,
                     "witness")
+
+
+def test_a_witness_refuses_a_head_by_the_log_key_after_its_revocation(ledger: Ledger, tmp_path: Path) -> None:
+    """A witness given the ledger reads its revocations: a checkpoint whose tree includes a checked revocation of
+    the log key that signed it is refused, one from before the revocation is cosigned."""
+    witness, _ = tp.create_key("witness", ledger.keys, witness=True)
+    state = tmp_path / "witness"
+    ledger.sign(ledger.operator, "x")
+    with ledger.store() as store:
+        before = tp.sign_head(store, ledger.alice)
+        assert vt.witness_add_head(state, before, witness, log_key=ledger.alice.verifier, store=store).checkpoint
+        revocation, _ = revoke_key(store, ledger.operator, "alice")
+        after = tp.sign_head(store, ledger.alice)
+        with pytest.raises(vt.WitnessRefused, match=f"was revoked at leaf .* by {revocation.receipt.id}"):
+            vt.witness_add_head(state, after, witness, store=store)
+    # and through the CLI, one line, with nothing accepted: the state still holds the head from before
+    head_file = tmp_path / "after.txt"
+    head_file.write_bytes(after)
+    code, stdout, stderr = cli("witness", "add-head", str(head_file), "--db", str(ledger.db), "--state", str(state),
+                               "--key", "witness", "--dir", str(ledger.keys))
+    assert code == 1 and stdout == "" and len(stderr.splitlines()) == 1 and "revoked" in stderr, stderr
+    (kept,) = state.glob("*/checkpoint")
+    assert note.parse_checkpoint(note.parse_note(kept.read_bytes()).text) == note.parse_checkpoint(
+        note.parse_note(before).text)
