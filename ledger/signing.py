@@ -204,6 +204,8 @@ def verify_receipt_signature(signature: ReceiptSignature, verifiers: Verifier | 
                                actual=f"a batch of {len(signature.batch)} others", receipt=signature.receipt)
     message = batch_message(signature.signed_ids)
     if not ed25519_verify(ed25519_public_key(verifier.public_key), signature.signature, message):
-        raise SignatureInvalid(f"receipt {signature.receipt}", key=signature.key, actual=signature.signature,
-                               receipt=signature.receipt)
+        # A batch's signature fails for all its receipts when one was removed, added or reordered: say it is one.
+        batch = f" (a batch signature, over it and {len(signature.batch) - 1} other receipt(s) stored with it)"
+        raise SignatureInvalid(f"receipt {signature.receipt}" + (batch if len(signature.batch) > 1 else ""),
+                               key=signature.key, actual=signature.signature, receipt=signature.receipt)
     return verifier
