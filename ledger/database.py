@@ -12,14 +12,22 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlparse
 
-from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
-
 from ledger.errors import DatabaseError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+# SQLAlchemy is imported inside the functions that need it: resolving a URL, reading a plain SQLite URL's path and
+# the file checks serve `ledger show`, which reads SQLite with the standard library (ledger/reads.py).
+
+# The Alembic revision this code reads and writes. tests/ledger/test_migrations.py checks it is the only head.
+SCHEMA_HEAD = "0005_signature_index"
+# Every revision this code knows, oldest first: a database at one of these but not the head needs an upgrade.
+KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows", "0003_receipt_locations", "0004_transparency_log",
+                   "0005_signature_index")
 
 DEFAULT_DB = "ledger.db"
 ENV_DB = "LEDGER_DB"
@@ -38,11 +46,27 @@ def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
     return f"sqlite:///{Path(value).expanduser().resolve()}"
 
 
+_PLAIN_SQLITE = re.compile(r"sqlite:///([^?#%]+)")  # what resolve_url makes of a path: no query, nothing quoted
+
+
+def plain_sqlite_path(url: str) -> Path | None:
+    """The file of a plain ``sqlite:///path`` URL (no query, nothing percent-encoded), read without SQLAlchemy;
+    None for any other URL (:func:`sqlite_path` reads those)."""
+    m = _PLAIN_SQLITE.fullmatch(url)
+    return None if m is None or m.group(1) == ":memory:" else Path(m.group(1)).expanduser()
+
+
 def sqlite_path(url: str) -> Path | None:
     """The file of an SQLite URL: ``sqlite:///path`` or the URI form ``sqlite:///file:path?...&uri=true``;
     None for other databases and in-memory SQLite."""
     if not url.startswith("sqlite"):
         return None
+    plain = plain_sqlite_path(url)
+    if plain is not None:
+        return plain
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -59,8 +83,11 @@ def sqlite_path(url: str) -> Path | None:
 
 def is_readonly_url(url: str) -> bool:
     """Whether an SQLite URI asks for read-only access (``mode=ro`` or ``immutable=1``)."""
-    if not url.startswith("sqlite"):
+    if not url.startswith("sqlite") or plain_sqlite_path(url) is not None:
         return False
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         query = make_url(url).query
     except ArgumentError:
@@ -89,6 +116,8 @@ def unwritable(path: Path) -> str | None:
 
 def readonly_url(path: Path) -> str:
     """An SQLite URI that reads ``path`` without writing anything, or DatabaseError when none can be exact."""
+    from sqlalchemy.engine import URL
+
     query = {"mode": "ro", "uri": "true"}
     if not os.access(path.parent, os.W_OK):  # SQLite cannot create the -shm file it reads a WAL through
         wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
@@ -113,6 +142,9 @@ def display_url(url: str) -> str:
 
 def make_engine(url: str) -> Engine:
     """An engine configured for safe concurrent appends (see the module docstring)."""
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.engine import make_url
+
     if not url.startswith("sqlite"):
         postgres = make_url(url).get_backend_name() == "postgresql"
         # READ COMMITTED whatever the server's default: each statement after the lock sees every append committed
@@ -149,6 +181,9 @@ def make_engine(url: str) -> Engine:
 
 def schema_revision(engine: Engine) -> str | None:
     """The Alembic revision stamped in the database, or None for a database without our schema."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
     with engine.connect() as conn:
         try:
             row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
@@ -159,3 +194,25 @@ def schema_revision(engine: Engine) -> str | None:
                 return None
             raise
     return row[0] if row else None
+
+
+def check_sqlite_file(path: Path) -> None:
+    """An existing SQLite ledger file must be a regular file (DatabaseError naming what it is otherwise)."""
+    if not path.exists():
+        raise DatabaseError(f"no ledger at {path}: run `ledger init` (or pass --db / set {ENV_DB})")
+    if not path.is_file():
+        from ledger.digests import file_kind
+
+        raise DatabaseError(f"cannot open {path}: it is {file_kind(path.stat().st_mode)}, not an SQLite ledger file")
+
+
+def check_revision(url: str, current: str | None) -> None:
+    """The database must be at :data:`SCHEMA_HEAD`: SchemaOutOfDate for a revision this code knows (or none),
+    UnknownSchema for one it does not (written by newer software)."""
+    if current == SCHEMA_HEAD:
+        return
+    from ledger.errors import SchemaOutOfDate, UnknownSchema
+
+    if current is None or current in KNOWN_REVISIONS:
+        raise SchemaOutOfDate(display_url(url), current, SCHEMA_HEAD)
+    raise UnknownSchema(display_url(url), current, SCHEMA_HEAD)

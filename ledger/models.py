@@ -1,7 +1,7 @@
 """Database rows (SQLAlchemy 2 typed ORM). Rows are not domain objects: ``ReceiptRow.to_receipt()`` parses the
 canonical body, and every other column is an index derived from that body, re-checked by the verifier.
 
-Any change here needs an Alembic revision in ``migrations/versions`` and a new ``SCHEMA_HEAD``.
+Any change here needs an Alembic revision in ``migrations/versions`` and a new ``SCHEMA_HEAD`` (ledger/database.py).
 """
 
 from __future__ import annotations
@@ -9,13 +9,9 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+# The schema revision this code reads and writes lives in ledger/database.py (read there without SQLAlchemy).
+from ledger.database import KNOWN_REVISIONS, SCHEMA_HEAD  # noqa: F401  (re-exported)
 from ledger.receipts import Receipt
-
-# The Alembic revision this code reads and writes. tests/ledger/test_migrations.py checks it is the only head.
-SCHEMA_HEAD = "0005_signature_index"
-# Every revision this code knows, oldest first: a database at one of these but not the head needs an upgrade.
-KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows", "0003_receipt_locations", "0004_transparency_log",
-                   "0005_signature_index")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
@@ -26,7 +24,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from ledger.database import (
-    ENV_DB,
+    check_revision,
+    check_sqlite_file,
     display_url,
     is_readonly_url,
     make_engine,
@@ -36,21 +35,15 @@ from ledger.database import (
     sqlite_path,
     unwritable,
 )
-from ledger.digests import file_kind
 from ledger.errors import (
-    AmbiguousReceipt,
     ChainBroken,
     DatabaseError,
     InputError,
-    MalformedDigest,
     MalformedReceipt,
     MissingParents,
-    SchemaOutOfDate,
     UnknownReceipt,
-    UnknownSchema,
 )
 from ledger.models import (
-    KNOWN_REVISIONS,
     SCHEMA_HEAD,
     ArtifactRow,
     LocationRow,
@@ -59,14 +52,15 @@ from ledger.models import (
     ReceiptRow,
 )
 from ledger.note import Signer
+from ledger.reads import MIN_PREFIX, ROW_COLUMNS, Stored, StoredRow, id_range, parsed, pick
 from ledger.receipts import Receipt
 from ledger.signing import load_private_key
 
-MIN_PREFIX = 4
+__all__ = ["MIN_PREFIX", "ENV_SIGNING_KEY", "ArtifactRef", "ParentEdge", "Store", "Stored", "StoredRow"]
+
 # A key file whose key signs every receipt a Store opened without an explicit signer appends: set by the main job so
 # that rank processes it launches sign too (docs/transparency.md). Empty counts as unset.
 ENV_SIGNING_KEY = "LEDGER_SIGNING_KEY"
-_HEX_RE = re.compile(r"^[0-9a-f]+$")
 _CHUNK = 500  # bound on bound parameters per IN (...) query
 
 # The append path's statements, built once: building a SQLAlchemy statement per call costs more than running it.
@@ -85,8 +79,7 @@ _INSERT_ARTIFACTS = insert(ArtifactRow)
 
 # A receipt row's columns in StoredRow's order: the verifier and the scans read rows as plain tuples, not ORM
 # instances (9.8 µs per row through a session against 2.3 µs: benchmarks/README.md, audit_bench).
-_ROW_COLUMNS = (ReceiptRow.seq, ReceiptRow.id, ReceiptRow.kind, ReceiptRow.run, ReceiptRow.rank, ReceiptRow.step,
-                ReceiptRow.prepared, ReceiptRow.selection, ReceiptRow.body, ReceiptRow.recorded_ns)
+_ROW_COLUMNS = tuple(getattr(ReceiptRow, name) for name in ROW_COLUMNS)  # StoredRow's fields, in order
 _ROWS = select(*_ROW_COLUMNS)
 _ROWS_BY_ID = _ROWS.where(ReceiptRow.id.in_(bindparam("ids", expanding=True)))
 _ROWS_AFTER = _ROWS.where(ReceiptRow.seq > bindparam("last")).order_by(ReceiptRow.seq).limit(bindparam("batch"))
@@ -198,26 +191,6 @@ def missing_parent(seq: int) -> str:
     return f"<no receipt at seq {seq}>"
 
 
-class StoredRow(NamedTuple):
-    """A ``receipts`` row exactly as stored, nothing parsed: what the verifier re-checks (every column but the body
-    is an index derived from it, ledger/models.py)."""
-
-    seq: int
-    id: str
-    kind: str
-    run: str | None
-    rank: int | None
-    step: int | None
-    prepared: str | None
-    selection: str | None
-    body: bytes  # str when the sqlite3 shell rewrote the BLOB as TEXT: the verifier hashes whatever is there
-    recorded_ns: int
-
-    def to_receipt(self) -> Receipt:
-        body = self.body if isinstance(self.body, bytes) else str(self.body).encode("utf-8", "surrogatepass")
-        return Receipt.from_bytes(body)
-
-
 class ParentEdge(NamedTuple):
     """A ``receipt_parents`` row as stored, its seqs turned into ids: ``child`` cites ``parent``."""
 
@@ -235,30 +208,6 @@ class ArtifactRef(NamedTuple):
 
 class _Unsure(Exception):
     """An optimistic append (Store.append_many) met something only a careful one can decide; rolls it back."""
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A receipt as stored: the domain object plus its row metadata.
-
-    ``new`` is set by :meth:`Store.append_many` on the receipts that call itself stored (at a receipt's first
-    occurrence in the call), so a caller counts its own appends however many writers run at once.
-    """
-
-    receipt: Receipt
-    seq: int
-    recorded_ns: int
-    new: bool = False
-
-
-def _parsed(row: StoredRow) -> Stored:
-    """A stored row as a receipt; a body that does not parse is an error naming the receipt (ledger corruption,
-    or a body written by software that did not enforce the limits of receipts.md)."""
-    try:
-        receipt = row.to_receipt()
-    except InputError as exc:
-        raise MalformedReceipt(f"stored body does not parse: {exc.one_line()}", row.id) from exc
-    return Stored(receipt, row.seq, row.recorded_ns)
 
 
 def _parsed_body(rid: str, body: bytes) -> Receipt:
@@ -338,11 +287,7 @@ class Store:
         connect, readonly = url, None
         path = sqlite_path(url)
         if path is not None and (path.exists() or not create):
-            if not path.exists():
-                raise DatabaseError(f"no ledger at {path}: run `ledger init` (or pass --db / set {ENV_DB})")
-            if not path.is_file():
-                raise DatabaseError(f"cannot open {path}: it is {file_kind(path.stat().st_mode)}, not an SQLite "
-                                    f"ledger file")
+            check_sqlite_file(path)
             readonly = "the URL asks for mode=ro" if is_readonly_url(url) else unwritable(path)
             if readonly is not None:
                 connect = readonly_url(path)
@@ -361,9 +306,7 @@ class Store:
             raise database_error(url, exc) from exc
         if current != SCHEMA_HEAD:
             engine.dispose()
-            if current is None or current in KNOWN_REVISIONS:
-                raise SchemaOutOfDate(display_url(url), current, SCHEMA_HEAD)
-            raise UnknownSchema(display_url(url), current, SCHEMA_HEAD)
+            check_revision(url, current)
         return cls(engine, url, readonly=readonly, signer=signer)
 
     @property
@@ -606,27 +549,11 @@ class Store:
 
     @_typed_errors
     def resolve(self, ref: str) -> str:
-        """Turn a full id or a unique hex prefix (at least 4 digits) into a full id."""
-        ref = ref.strip()
-        if ref.startswith("blake3:"):
-            hexpart = ref.removeprefix("blake3:")
-            if len(hexpart) != 64 or not _HEX_RE.fullmatch(hexpart):
-                raise MalformedDigest("receipt id", ref)
-        else:
-            hexpart = ref.lower()
-            if not _HEX_RE.fullmatch(hexpart) or len(hexpart) > 64:
-                raise InputError(f"receipt reference {ref!r} is neither blake3:<64 hex> nor a hex prefix")
-            if len(hexpart) < MIN_PREFIX:
-                raise InputError(f"receipt prefix {ref!r} is too short: give at least {MIN_PREFIX} hex digits")
-        lo = "blake3:" + hexpart
+        """Turn a full id or a unique hex prefix (at least 4 digits) into a full id (ledger/reads.py's rules)."""
+        lo, hi = id_range(ref)
         with self.engine.connect() as conn:
-            stmt = select(ReceiptRow.id).where(ReceiptRow.id >= lo, ReceiptRow.id < lo + "g").limit(16)
-            found = list(conn.scalars(stmt))
-        if not found:
-            raise UnknownReceipt(ref)
-        if len(found) > 1:
-            raise AmbiguousReceipt(ref, found)
-        return found[0]
+            stmt = select(ReceiptRow.id).where(ReceiptRow.id >= lo, ReceiptRow.id < hi).limit(16)
+            return pick(ref, conn.scalars(stmt))
 
     @_typed_errors
     def ids(self, *, prepared: str) -> list[str]:
@@ -649,7 +576,7 @@ class Store:
         """The receipt with this id or unique prefix."""
         rid = self.resolve(ref)
         with self.engine.connect() as conn:
-            return _parsed(StoredRow._make(conn.execute(_ROW_BY_ID, {"rid": rid}).one()))
+            return parsed(StoredRow._make(conn.execute(_ROW_BY_ID, {"rid": rid}).one()))
 
     @_typed_errors
     def contains(self, rid: str) -> bool:
@@ -683,7 +610,7 @@ class Store:
         if limit is not None:
             stmt = stmt.limit(limit)
         with self.engine.connect() as conn:
-            return [_parsed(StoredRow._make(row)) for row in conn.execute(stmt).all()]
+            return [parsed(StoredRow._make(row)) for row in conn.execute(stmt).all()]
 
     @_typed_errors
     def count(self) -> int:
@@ -698,12 +625,12 @@ class Store:
     @_typed_errors
     def ancestors(self, ref: str) -> list[Stored]:
         """The receipt and all its ancestors, in append order (one recursive query)."""
-        return [_parsed(r) for r in self._closure(self.resolve(ref), True)]
+        return [parsed(r) for r in self._closure(self.resolve(ref), True)]
 
     @_typed_errors
     def descendants(self, ref: str) -> list[Stored]:
         """The receipt and everything that cites it, directly or not, in append order."""
-        return [_parsed(r) for r in self._closure(self.resolve(ref), False)]
+        return [parsed(r) for r in self._closure(self.resolve(ref), False)]
 
     # ----------------------------------------------------------------------------- raw rows for verify
 
