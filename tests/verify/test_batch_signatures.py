@@ -2,7 +2,8 @@
 log order. Every receipt of a batch verifies on its own (`ledger verify ID` rebuilds the batch from the ledger), the
 whole ledger verifies each batch signature once, and whatever changes the set a signature was made over (a member's
 signature row removed, a receipt deleted, the signature copied onto another receipt, a member rewritten) fails, with
-a rewritten member named as such. An attestation of a batch member carries the batch and verifies offline."""
+a rewritten member named as such. An attestation of a batch member carries the batch and verifies offline. The
+store's side runs on PostgreSQL too."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ledger import signing
+from ledger import signing, tlog
 from ledger import transparency as tp
 from ledger.artifacts import ArtifactStore, default_root
 from ledger.cli import app
@@ -159,3 +160,19 @@ def test_an_attestation_of_a_batch_member_carries_its_batch(batched: Batched, tm
         report = vt.verify_attestation(out.read_bytes(), [batched.signer.verifier],
                                        artifacts=ArtifactStore(default_root(store.url)), store=store)
     assert report.receipt == rid
+
+
+def test_batch_signatures_on_both_backends(ledger_url: str) -> None:
+    """The same on PostgreSQL as on SQLite: one signature per batch, found again through the index and checked once
+    for every receipt, whole ledger or one receipt at a time."""
+    signer = signing.generate_key("operator")
+    with Store.open(ledger_url, signer=signer) as store:
+        tp.register_key(store, signer)
+        stored = store.append_many([make_receipt("note", measurements={"i": i}) for i in range(30)])
+        ids = [s.receipt.id for s in sorted(stored, key=lambda s: s.seq)]
+        report = vt.check_signatures(store, require=True)
+        assert report.signed == {signer.verifier.label: 31}
+        assert vt.check_signatures(store, [ids[13]], require=True).checked == 1
+        with store.engine.connect() as conn:
+            (sig,) = tp.leaf_of(conn, ids[13])[1].signatures
+            assert tlog.signed_together(conn, sig.key, sig.signature) == tuple(ids)
