@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlparse
@@ -18,7 +20,7 @@ from urllib.parse import quote, unquote, urlparse
 from ledger.errors import DatabaseError
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
+    from sqlalchemy import Connection, Engine
 
 # SQLAlchemy is imported inside the functions that need it: resolving a URL, reading a plain SQLite URL's path and
 # the file checks serve `ledger show`, which reads SQLite with the standard library (ledger/reads.py).
@@ -216,3 +218,21 @@ def check_revision(url: str, current: str | None) -> None:
     if current is None or current in KNOWN_REVISIONS:
         raise SchemaOutOfDate(display_url(url), current, SCHEMA_HEAD)
     raise UnknownSchema(display_url(url), current, SCHEMA_HEAD)
+
+
+@contextmanager
+def driver_cursor(conn: Connection, what: str) -> Iterator[Any]:
+    """The DBAPI cursor of ``conn``'s SQLite connection (inside its transaction), its errors raised as SQLAlchemy's
+    (IntegrityError, OperationalError...): the store's retries and typed errors expect those. For the hot paths
+    where SQLAlchemy's per-statement and per-row work costs more than SQLite's (the log's appends, rows by id)."""
+    import sqlite3
+
+    from sqlalchemy.exc import DBAPIError
+
+    cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        yield cur
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(what, None, exc, sqlite3.Error) from exc
+    finally:
+        cur.close()

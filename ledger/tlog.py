@@ -27,13 +27,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import secrets
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 from sqlalchemy import Connection, insert, select, text
 
 from ledger import merkle
+from ledger.database import driver_cursor
 from ledger.errors import VerificationError
 from ledger.models import LogInfoRow, LogLeafRow, LogNodeRow, SignatureRow
 from ledger.note import Signer
@@ -125,7 +125,7 @@ class DbNodes:
             by_pos = {node_pos(level, idx): (level, idx) for level, idx in chunk}
             if self.conn.dialect.name == "sqlite":  # the driver's cursor: the append path reads a frontier each time
                 sql = f"SELECT pos, hash FROM log_nodes WHERE pos IN ({', '.join('?' * len(by_pos))})"
-                with _driver(self.conn, sql) as cur:
+                with driver_cursor(self.conn, sql) as cur:
                     rows = cur.execute(sql, tuple(by_pos)).fetchall()
             else:
                 rows = self.conn.execute(select(LogNodeRow.pos, LogNodeRow.hash).where(LogNodeRow.pos.in_(by_pos)))
@@ -229,7 +229,7 @@ def append_leaves(conn: Connection, entries: Sequence[LogEntry]) -> int:
     if conn.dialect.name == "sqlite":
         # Straight to the driver's cursor, in the caller's transaction: SQLAlchemy's per-statement work cost more
         # than the five statements themselves (benchmarks/log_bench.py).
-        with _driver(conn, "append to log_leaves, log_nodes, receipt_signatures") as cur:
+        with driver_cursor(conn, "append to log_leaves, log_nodes, receipt_signatures") as cur:
             return _append_sqlite(conn, cur, entries)
     top = conn.execute(select(LogLeafRow.leaf_index, LogLeafRow.receipt_seq)
                        .order_by(LogLeafRow.leaf_index.desc()).limit(1)).first()
@@ -329,20 +329,3 @@ def _leaf_rows(conn: Connection, top: Any, entries: Sequence[LogEntry]) -> _Rows
         size += 1
         pos += 1
     return size, sig_rows, leaf_rows, node_rows
-
-
-@contextmanager
-def _driver(conn: Connection, what: str) -> Iterator[Any]:
-    """The DBAPI cursor of ``conn``'s SQLite connection (inside its transaction), its errors raised as SQLAlchemy's
-    (IntegrityError, OperationalError...): the store's retries and typed errors expect those."""
-    import sqlite3
-
-    from sqlalchemy.exc import DBAPIError
-
-    cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    try:
-        yield cur
-    except sqlite3.Error as exc:
-        raise DBAPIError.instance(what, None, exc, sqlite3.Error) from exc
-    finally:
-        cur.close()
