@@ -31,6 +31,8 @@ SCHEMA_HEAD = "0005_signature_index"
 KNOWN_REVISIONS = ("0001_initial", "0002_seq_keyed_index_rows", "0003_receipt_locations", "0004_transparency_log",
                    "0005_signature_index")
 
+REVISION_SQL = "SELECT version_num FROM alembic_version"  # where Alembic stamps it
+
 DEFAULT_DB = "ledger.db"
 ENV_DB = "LEDGER_DB"
 BUSY_TIMEOUT_S = 120.0
@@ -188,7 +190,7 @@ def schema_revision(engine: Engine) -> str | None:
 
     with engine.connect() as conn:
         try:
-            row = conn.execute(text("SELECT version_num FROM alembic_version")).first()
+            row = conn.execute(text(REVISION_SQL)).first()
         except OperationalError:
             return None
         except Exception as exc:  # PostgreSQL: undefined table is a ProgrammingError

@@ -11,7 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from ledger.database import BUSY_TIMEOUT_S, check_revision, check_sqlite_file, plain_sqlite_path, unwritable
+from ledger.database import (
+    BUSY_TIMEOUT_S,
+    REVISION_SQL,
+    check_revision,
+    check_sqlite_file,
+    plain_sqlite_path,
+    unwritable,
+)
 from ledger.errors import AmbiguousReceipt, InputError, MalformedDigest, MalformedReceipt, UnknownReceipt
 from ledger.receipts import Receipt
 
@@ -19,7 +26,8 @@ MIN_PREFIX: Final = 4
 _HEX_RE: Final = re.compile(r"^[0-9a-f]+$")
 # A receipts row's columns, in StoredRow's order (the store selects the same, tests/ledger/test_reads.py checks).
 ROW_COLUMNS: Final = ("seq", "id", "kind", "run", "rank", "step", "prepared", "selection", "body", "recorded_ns")
-_MATCHES: Final = 16  # ids fetched for a prefix: enough to say it is ambiguous and name some
+MATCHES: Final = 16  # ids fetched for a prefix: enough to say it is ambiguous and name some
+SELECT_ROWS: Final = f"SELECT {', '.join(ROW_COLUMNS)} FROM receipts"  # as SQL, for reads through the driver
 
 
 class StoredRow(NamedTuple):
@@ -85,7 +93,7 @@ def id_range(ref: str) -> tuple[str, str]:
 
 
 def pick(ref: str, found: Iterable[str]) -> str:
-    """The one id a reference names among the (at most 16) ids of its range."""
+    """The one id a reference names among the (at most MATCHES) ids of its range."""
     ids = list(found)
     if not ids:
         raise UnknownReceipt(ref)
@@ -94,8 +102,8 @@ def pick(ref: str, found: Iterable[str]) -> str:
     return ids[0]
 
 
-_SELECT_IDS = f"SELECT id FROM receipts WHERE id >= ? AND id < ? LIMIT {_MATCHES}"
-_SELECT_ROW = f"SELECT {', '.join(ROW_COLUMNS)} FROM receipts WHERE id = ?"
+_SELECT_IDS = f"SELECT id FROM receipts WHERE id >= ? AND id < ? LIMIT {MATCHES}"
+_SELECT_ROW = SELECT_ROWS + " WHERE id = ?"
 
 
 def read_sqlite(url: str, ref: str) -> Stored | None:
@@ -116,7 +124,7 @@ def read_sqlite(url: str, ref: str) -> Stored | None:
         conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
             try:
-                found = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+                found = conn.execute(REVISION_SQL).fetchone()
             except sqlite3.OperationalError as exc:
                 if "no such table" not in str(exc):
                     return None

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,7 +42,6 @@ from ledger.transparency_errors import KeyFileExposed, MalformedKey, SignatureIn
 
 RECEIPT_SIGNATURE_DOMAIN = b"training-ledger/receipt-signature/v1\x00"
 BATCH_SIGNATURE_DOMAIN = b"training-ledger/receipt-batch-signature/v1\x00"
-_ID = re.compile(r"blake3:[0-9a-f]{64}")
 MAX_BATCH = 1024  # receipts per batch signature: bounds what verifying one of them reads (32 KiB of ids)
 KEY_FILE_MODE = 0o600
 
@@ -110,7 +108,7 @@ def load_public_key(vkey: str) -> Verifier:
 
 def raw_id(receipt_id: str) -> bytes:
     """The 32 digest bytes of a receipt id, which must be exactly ``blake3:`` and 64 lowercase hex digits."""
-    if not (isinstance(receipt_id, str) and _ID.fullmatch(receipt_id)):
+    if not digests.is_digest(receipt_id):
         digests.check_digest(receipt_id, "receipt id")  # raises MalformedDigest, naming what is wrong
     return bytes.fromhex(receipt_id[7:])
 
@@ -132,7 +130,7 @@ def batch_message(ids: Sequence[str]) -> bytes:
 @dataclass(frozen=True)
 class ReceiptSignature:
     """An operator's signature over one receipt id, or over ``batch``, the ids signed together with it (log order;
-    empty: signed alone); ``key`` is the key label ``name+<8 hex key id>``."""
+    empty, or the receipt alone: signed alone); ``key`` is the key label ``name+<8 hex key id>``."""
 
     receipt: str
     key: str

@@ -53,7 +53,7 @@ from ledger.models import (
     ReceiptRow,
 )
 from ledger.note import Signer
-from ledger.reads import MIN_PREFIX, ROW_COLUMNS, Stored, StoredRow, id_range, parsed, pick
+from ledger.reads import MATCHES, MIN_PREFIX, ROW_COLUMNS, SELECT_ROWS, Stored, StoredRow, id_range, parsed, pick
 from ledger.receipts import Receipt
 from ledger.signing import load_private_key
 
@@ -190,7 +190,7 @@ def _insert(conn: Connection, new: list[Receipt], now: int, seq_of: dict[str, in
 @functools.cache
 def _sqlite_rows_by_id(n: int) -> str:
     """_ROWS_BY_ID for ``n`` ids as SQLite's own SQL (the same columns, ledger/reads.py's)."""
-    return f"SELECT {', '.join(ROW_COLUMNS)} FROM receipts WHERE id IN ({', '.join('?' * n)})"
+    return f"{SELECT_ROWS} WHERE id IN ({', '.join('?' * n)})"
 
 
 def missing_parent(seq: int) -> str:
@@ -565,7 +565,7 @@ class Store:
         """Turn a full id or a unique hex prefix (at least 4 digits) into a full id (ledger/reads.py's rules)."""
         lo, hi = id_range(ref)
         with self.engine.connect() as conn:
-            stmt = select(ReceiptRow.id).where(ReceiptRow.id >= lo, ReceiptRow.id < hi).limit(16)
+            stmt = select(ReceiptRow.id).where(ReceiptRow.id >= lo, ReceiptRow.id < hi).limit(MATCHES)
             return pick(ref, conn.scalars(stmt))
 
     @_typed_errors

@@ -35,7 +35,7 @@ from ledger.errors import DigestMismatch, InputError, LookupFailed, UnknownRecei
 from ledger.models import LogCheckpointRow, LogLeafRow, ReceiptRow
 from ledger.receipts import Kind, Receipt, make_receipt
 from ledger.rules import KEY_FORMAT, KEY_REVOCATION_FORMAT
-from ledger.signing import generate_key, load_private_key, load_public_key, save_private_key
+from ledger.signing import ReceiptSignature, generate_key, load_private_key, load_public_key, save_private_key
 from ledger.store import Store, Stored
 from ledger.tlog import LeafSignature, LogCorrupt
 
@@ -412,11 +412,9 @@ def attestation_statement(store: Store, artifacts: ArtifactStore, ref: str, sign
     checkpoint = note.parse_checkpoint(note.parse_note(head).text)
     with store.engine.connect() as conn:
         proof = inclusion(conn, receipt.id, checkpoint.size)
-        signatures = []
-        for s in proof.signatures:  # a batch signature carries the ids it signs: an offline verifier needs them
-            together = tlog.signed_together(conn, s.key, s.signature)
-            signatures.append({"key": s.key, "sig": _b64(s.signature)}
-                              | ({"batch": list(together)} if len(together) > 1 else {}))
+        # signing.py's encoding of each (a batch signature with the ids it signs: an offline verifier needs them)
+        signatures = [{k: v for k, v in ReceiptSignature(receipt.id, s.key, s.signature, tlog.signed_together(
+            conn, s.key, s.signature)).to_dict().items() if k != "receipt"} for s in proof.signatures]
     proof.verify(checkpoint.root)  # never attest what the head does not include
     subjects = [dsse.subject(receipt.id, sha256=hashlib.sha256(receipt.body).hexdigest(),
                              blake3=digests.digest_hex(digests.raw_digest(receipt.body)))]

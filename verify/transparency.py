@@ -249,9 +249,8 @@ class _Signatures:
         signs = self._signs.get((s.key, s.signature))
         if signs is None:
             together = tlog.signed_together(self.conn, s.key, s.signature)
-            batch = together if len(together) > 1 else ()
             try:
-                verify_receipt_signature(ReceiptSignature(rid, s.key, s.signature, batch), k.verifier)
+                verify_receipt_signature(ReceiptSignature(rid, s.key, s.signature, together), k.verifier)
             except SignatureInvalid:
                 # Another receipt of the batch rewritten is named as such, not as this receipt's bad signature.
                 self._rewritten_among([other for other in together if other != rid])
