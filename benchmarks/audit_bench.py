@@ -65,6 +65,7 @@ SCALE_FREE_BYTES = 10 * 10**9
 SMOL = {"layers": 24, "hidden": 2048, "intermediate": 8192, "vocab": 49152}
 SMOL_TENSORS = 218
 SMOL_PARAMETERS = 1_711_376_384
+SECTIONS = ("audit", "digest", "scan", "scale", "encoder")
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -600,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the 3.4 GB part (default: on, off with --quick)")
     parser.add_argument("--dir", type=Path, help="parent of the temporary directory")
     parser.add_argument("--json", action="store_true", help="also print every timing as one JSON object")
+    parser.add_argument("--only", action="append", choices=SECTIONS, help="run only this part (repeatable)")
     args = parser.parse_args(argv)
     n = args.rounds or (3 if args.quick else 5)
     count = args.receipts or (10_000 if args.quick else 100_000)
@@ -616,19 +618,24 @@ def main(argv: list[str] | None = None) -> int:
     if exp is not None and not (exp / "ledger.db").is_file():
         print(f"{exp}: no ledger.db; make one with `ledger run experiment --workdir {exp}`", file=sys.stderr)
         return 2
+    wanted = set(args.only or SECTIONS)
     with tempfile.TemporaryDirectory(prefix="audit-bench-", dir=args.dir) as tmpdir:
         tmp = Path(tmpdir)
-        if exp is not None:
-            guarded("audit", lambda: audit_section(exp, n))
-        else:
-            print("\naudit: SKIPPED (no --experiment)")
-        guarded("digest", lambda: digest_section(tmp, n))
-        guarded("scan", lambda: scan_section(tmp, count, exp, n))
-        if scale:
-            guarded("scale", lambda: scale_section(tmp, n))
-        else:
-            print("\nscale: SKIPPED (--quick or --no-scale)")
-        if exp is not None:
+        if "audit" in wanted:
+            if exp is not None:
+                guarded("audit", lambda: audit_section(exp, n))
+            else:
+                print("\naudit: SKIPPED (no --experiment)")
+        if "digest" in wanted:
+            guarded("digest", lambda: digest_section(tmp, n))
+        if "scan" in wanted:
+            guarded("scan", lambda: scan_section(tmp, count, exp, n))
+        if "scale" in wanted:
+            if scale:
+                guarded("scale", lambda: scale_section(tmp, n))
+            else:
+                print("\nscale: SKIPPED (--quick or --no-scale)")
+        if "encoder" in wanted and exp is not None:
             guarded("encoder", lambda: encoder_section(exp))
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}; {time.perf_counter() - started:.0f} s in all")
     if args.json:

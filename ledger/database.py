@@ -118,11 +118,9 @@ def unwritable(path: Path) -> str | None:
     return None
 
 
-def readonly_url(path: Path) -> str:
-    """An SQLite URI that reads ``path`` without writing anything, or DatabaseError when none can be exact."""
-    from sqlalchemy.engine import URL
-
-    query = {"mode": "ro", "uri": "true"}
+def _readonly_query(path: Path) -> dict[str, str]:
+    """The URI parameters that read ``path`` without writing anything, or DatabaseError when none can be exact."""
+    query = {"mode": "ro"}
     if not os.access(path.parent, os.W_OK):  # SQLite cannot create the -shm file it reads a WAL through
         wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
         pending = wal.exists() and wal.stat().st_size > 0
@@ -133,8 +131,43 @@ def readonly_url(path: Path) -> str:
             raise DatabaseError(f"cannot read {path} in a read-only directory: {wal.name} holds changes not yet "
                                 f"written back and {shm.name} is missing; open it once where it is writable, or "
                                 f"copy the ledger with its -wal file to a writable directory")
+    return query
+
+
+def readonly_url(path: Path) -> str:
+    """An SQLAlchemy URL that reads ``path`` without writing anything (an SQLite URI), or DatabaseError when none
+    can be exact."""
+    from sqlalchemy.engine import URL
+
+    query = {**_readonly_query(path), "uri": "true"}
     return URL.create("sqlite", database="file:" + quote(str(path)), query=query).render_as_string(
         hide_password=False)
+
+
+def readonly_uri(path: Path) -> str:
+    """:func:`readonly_url` as the URI the standard library opens (``sqlite3.connect(uri, uri=True)``)."""
+    query = _readonly_query(path)
+    return f"file:{quote(str(path))}?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
+def failure(url: str, detail: str) -> DatabaseError:
+    """One line for a database failure, naming the ledger and, where SQLite says it, what is wrong with it.
+    ``detail`` is the driver's message (its first line is kept)."""
+    where = display_url(url)
+    detail = " ".join(detail.split("\n")[0].split())
+    low = detail.lower()
+    if "file is not a database" in low:
+        return DatabaseError(f"cannot read {where}: it is not an SQLite ledger ({detail})")
+    if "malformed" in low:
+        return DatabaseError(f"cannot read {where}: the database file is damaged ({detail}); restore it from a copy")
+    if "disk is full" in low or "no space" in low:  # SQLite rolled the transaction back
+        return DatabaseError(f"cannot write to {where}: the disk is full ({detail}); nothing was written, and "
+                             f"everything stored before is intact")
+    if "readonly" in low or "read-only" in low:
+        return DatabaseError(f"cannot write to {where}: it is read-only ({detail})")
+    if "disk i/o error" in low:  # e.g. no room left to create the -shm file WAL reads through
+        return DatabaseError(f"cannot use {where}: {detail}; is its disk full or failing?")
+    return DatabaseError(f"database {where}: {detail}")
 
 
 def display_url(url: str) -> str:

@@ -1,26 +1,32 @@
-"""A stored receipt as the store reads it, and the rules for naming one: a ``receipts`` row, a full id or a unique
-hex prefix. Without SQLAlchemy, so that :func:`read_sqlite` can serve `ledger show` on an SQLite ledger with the
-standard library alone (opening SQLAlchemy costs 0.15 s, three times the rest of the command; benchmarks/README.md,
-audit_bench). :class:`~ledger.store.Store` resolves and parses with the same functions and the same columns.
+"""How the ledger is read: a stored receipt as a row, the rules for naming one (a full id or a unique hex prefix),
+and :class:`Reads`, the one way every reader (the store, the transparency log, the verifier) runs its SQL.
+
+Reads are plain SQL with ``?`` placeholders, run through the database driver: on an SQLite ledger file the standard
+library's ``sqlite3`` (:class:`SqliteReads`), elsewhere the driver under a SQLAlchemy connection
+(:class:`DriverReads`, PostgreSQL's ``%s`` placeholders made here). So a command that only reads an SQLite ledger
+(`ledger show`, `ledger verify`) never imports SQLAlchemy: importing it costs 0.15 s, more than the rest of such a
+command (benchmarks/README.md, audit_bench). Writes go through SQLAlchemy (ledger/store.py).
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 from ledger.database import (
     BUSY_TIMEOUT_S,
-    REVISION_SQL,
-    check_revision,
-    check_sqlite_file,
-    plain_sqlite_path,
-    unwritable,
+    failure,
 )
 from ledger.errors import AmbiguousReceipt, InputError, MalformedDigest, MalformedReceipt, UnknownReceipt
 from ledger.receipts import Receipt
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 MIN_PREFIX: Final = 4
 _HEX_RE: Final = re.compile(r"^[0-9a-f]+$")
@@ -102,38 +108,89 @@ def pick(ref: str, found: Iterable[str]) -> str:
     return ids[0]
 
 
-_SELECT_IDS = f"SELECT id FROM receipts WHERE id >= ? AND id < ? LIMIT {MATCHES}"
-_SELECT_ROW = SELECT_ROWS + " WHERE id = ?"
+# ------------------------------------------------------------------------------------------------ running SQL
 
 
-def read_sqlite(url: str, ref: str) -> Stored | None:
-    """The receipt ``ref`` names in the SQLite ledger file of a plain ``sqlite:///path`` URL, read with the standard
-    library; None when this path does not apply and the store must read it: any other URL, a file this process may
-    not write (the store opens it through a read-only URI), or any error from SQLite (the store then says what is
-    wrong in its words). Otherwise the same checks and errors as ``Store.open`` and ``Store.get``."""
-    path = plain_sqlite_path(url)
-    if path is None:
-        return None
-    check_sqlite_file(path)
-    if unwritable(path) is not None:
-        return None
-    lo, hi = id_range(ref)
-    import sqlite3
+class Reads(Protocol):
+    """Runs one read statement: SQL with ``?`` placeholders, its parameters in order, every row as a tuple. Raises
+    :class:`~ledger.errors.DatabaseError` (SqliteReads) or SQLAlchemy's DBAPIError (DriverReads, which the store's
+    methods turn into DatabaseError)."""
 
-    try:
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+
+@functools.cache
+def marks(n: int) -> str:
+    """``n`` placeholders for an ``IN (...)`` list."""
+    return ", ".join("?" * n)
+
+
+def scalar(reads: Reads, sql: str, params: Sequence[Any] = ()) -> Any:
+    """The first column of the first row (None without a row)."""
+    rows = reads.all(sql, params)
+    return rows[0][0] if rows else None
+
+
+class SqliteReads:
+    """Reads through a standard-library ``sqlite3`` connection (in autocommit mode: each statement sees every
+    commit before it, unless :meth:`snapshot` holds one read transaction)."""
+
+    def __init__(self, conn: sqlite3.Connection, url: str) -> None:
+        self.conn = conn
+        self.url = url
+        self._depth = 0
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:
+            return self.conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise failure(self.url, str(exc)) from exc
+
+    @contextmanager
+    def snapshot(self) -> Iterator[SqliteReads]:
+        """One read transaction: the statements inside see the same database (nested calls join the outer one)."""
+        if self._depth:
+            self._depth += 1
             try:
-                found = conn.execute(REVISION_SQL).fetchone()
-            except sqlite3.OperationalError as exc:
-                if "no such table" not in str(exc):
-                    return None
-                found = None  # not a ledger of ours, or not one yet
-            check_revision(url, None if found is None else found[0])
-            rid = pick(ref, (r for (r,) in conn.execute(_SELECT_IDS, (lo, hi))))
-            row = conn.execute(_SELECT_ROW, (rid,)).fetchone()
+                yield self
+            finally:
+                self._depth -= 1
+            return
+        self.all("BEGIN")
+        self._depth = 1
+        try:
+            yield self
         finally:
-            conn.close()
-    except sqlite3.Error:
-        return None
-    return parsed(StoredRow._make(row))
+            self._depth = 0
+            if self.conn.in_transaction:
+                self.conn.execute("COMMIT")  # a read transaction: nothing to keep or lose
+
+
+def connect_sqlite(target: str, url: str, *, uri: bool = False) -> sqlite3.Connection:
+    """A reading connection to an SQLite ledger file (a path, or a URI with ``uri``); DatabaseError if SQLite
+    cannot open it."""
+    try:
+        # Any thread may close it (Store.close); each thread reads through its own (Store._sqlite_reads).
+        conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_S, isolation_level=None, uri=uri, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    except sqlite3.Error as exc:
+        raise failure(url, str(exc)) from exc
+    return conn
+
+
+@functools.cache
+def _pyformat(sql: str) -> str:
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class DriverReads:
+    """Reads through the DBAPI driver under a SQLAlchemy connection, inside its transaction (``?`` becomes ``%s``
+    for drivers that want it, PostgreSQL's): no statement compiled, no result processed."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._format = conn.dialect.paramstyle in ("format", "pyformat")
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        result = self.conn.exec_driver_sql(_pyformat(sql) if self._format else sql, tuple(params))
+        return [tuple(row) for row in result.all()] if result.returns_rows else []

@@ -13,23 +13,25 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
-
-from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, text
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlalchemy.orm import Session
+from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from ledger.database import (
+    REVISION_SQL,
+    SCHEMA_HEAD,
     check_revision,
     check_sqlite_file,
     display_url,
-    driver_cursor,
+    failure,
     is_readonly_url,
     make_engine,
+    plain_sqlite_path,
+    readonly_uri,
     readonly_url,
     resolve_url,
     schema_revision,
@@ -44,18 +46,31 @@ from ledger.errors import (
     MissingParents,
     UnknownReceipt,
 )
-from ledger.models import (
-    SCHEMA_HEAD,
-    ArtifactRow,
-    LocationRow,
-    ParentRow,
-    ReceiptLocationRow,
-    ReceiptRow,
-)
 from ledger.note import Signer
-from ledger.reads import MATCHES, MIN_PREFIX, ROW_COLUMNS, SELECT_ROWS, Stored, StoredRow, id_range, parsed, pick
+from ledger.reads import (
+    MATCHES,
+    MIN_PREFIX,
+    ROW_COLUMNS,
+    SELECT_ROWS,
+    DriverReads,
+    Reads,
+    SqliteReads,
+    Stored,
+    StoredRow,
+    connect_sqlite,
+    id_range,
+    marks,
+    parsed,
+    pick,
+    scalar,
+)
 from ledger.receipts import Receipt
 from ledger.signing import load_private_key
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.orm import Session
 
 __all__ = ["MIN_PREFIX", "ENV_SIGNING_KEY", "ArtifactRef", "ParentEdge", "Store", "Stored", "StoredRow"]
 
@@ -64,67 +79,68 @@ __all__ = ["MIN_PREFIX", "ENV_SIGNING_KEY", "ArtifactRef", "ParentEdge", "Store"
 ENV_SIGNING_KEY = "LEDGER_SIGNING_KEY"
 _CHUNK = 500  # bound on bound parameters per IN (...) query
 
-# The append path's statements, built once: building a SQLAlchemy statement per call costs more than running it.
-_SEQS_BY_ID = select(ReceiptRow.id, ReceiptRow.seq, ReceiptRow.recorded_ns).where(
-    ReceiptRow.id.in_(bindparam("ids", expanding=True))
-)
-_BODIES_BY_ID = select(ReceiptRow.id, ReceiptRow.seq, ReceiptRow.recorded_ns, ReceiptRow.body).where(
-    ReceiptRow.id.in_(bindparam("ids", expanding=True))
-)
-_INSERT_RECEIPTS = insert(ReceiptRow)
-# Off SQLite (PostgreSQL) a batch learns its seqs from the insert itself (RETURNING), not from a second query.
-_INSERT_RECEIPTS_RETURNING = insert(ReceiptRow).returning(ReceiptRow.id, ReceiptRow.seq)
-_INSERT_PARENTS = insert(ParentRow)
-_INSERT_ARTIFACTS = insert(ArtifactRow)
+# Every read is plain SQL run through the driver (ledger/reads.py): on an SQLite file the standard library's sqlite3,
+# so reading a ledger imports no SQLAlchemy; writes import it when they first happen. The columns of a receipt row
+# are StoredRow's (ledger/reads.py), read as plain tuples (9.8 us a row through an ORM session against 2.3 us).
+_COLS = ", ".join(f"r.{c}" for c in ROW_COLUMNS)  # the same columns where a join makes names ambiguous
+_ROWS_AFTER = f"{SELECT_ROWS} WHERE seq > ? ORDER BY seq LIMIT ?"
+_ROW_BY_ID = f"{SELECT_ROWS} WHERE id = ?"
+_SELECT_IDS = f"SELECT id FROM receipts WHERE id >= ? AND id < ? ORDER BY id LIMIT {MATCHES}"
 
 
-# A receipt row's columns in StoredRow's order: the verifier and the scans read rows as plain tuples, not ORM
-# instances (9.8 µs per row through a session against 2.3 µs: benchmarks/README.md, audit_bench).
-_ROW_COLUMNS = tuple(getattr(ReceiptRow, name) for name in ROW_COLUMNS)  # StoredRow's fields, in order
-_ROWS = select(*_ROW_COLUMNS)
-_ROWS_BY_ID = _ROWS.where(ReceiptRow.id.in_(bindparam("ids", expanding=True)))
-_ROWS_AFTER = _ROWS.where(ReceiptRow.seq > bindparam("last")).order_by(ReceiptRow.seq).limit(bindparam("batch"))
-_ROW_BY_ID = _ROWS.where(ReceiptRow.id == bindparam("rid"))
-_LOCATIONS = (select(LocationRow.digest, LocationRow.uri)
-              .where(LocationRow.digest.in_(bindparam("digests", expanding=True)))
-              .order_by(LocationRow.digest, LocationRow.recorded_ns))
-_RECEIPT_LOCATIONS = (select(ReceiptRow.id, ReceiptLocationRow.name, ReceiptLocationRow.uri)
-                      .join(ReceiptRow, ReceiptRow.seq == ReceiptLocationRow.receipt_seq)
-                      .where(ReceiptRow.id.in_(bindparam("ids", expanding=True)))
-                      .order_by(ReceiptRow.id, ReceiptLocationRow.name, ReceiptLocationRow.uri))
+@functools.cache
+def _rows_by_id(n: int) -> str:
+    return f"{SELECT_ROWS} WHERE id IN ({marks(n)})"
 
 
-def _closure_stmt(up: bool) -> Select:
-    """Receipt rows reachable from the one with id ``:rid`` over parent edges (up) or child edges (down)."""
-    start = select(ReceiptRow.seq.label("seq")).where(ReceiptRow.id == bindparam("rid")).cte("closure", recursive=True)
-    if up:
-        step = select(ParentRow.parent_seq).join(start, ParentRow.child_seq == start.c.seq)
-    else:  # walks ix_receipt_parents_parent_seq
-        step = select(ParentRow.child_seq).join(start, ParentRow.parent_seq == start.c.seq)
-    closure = start.union(step)
-    return _ROWS.join(closure, ReceiptRow.seq == closure.c.seq).order_by(ReceiptRow.seq)
+@functools.cache
+def _seqs_by_id(n: int, with_body: bool) -> str:
+    return f"SELECT id, seq, recorded_ns{', body' if with_body else ''} FROM receipts WHERE id IN ({marks(n)})"
 
 
-_ANCESTORS = _closure_stmt(up=True)
-_DESCENDANTS = _closure_stmt(up=False)
-# The verifier's index rows. The parent's id comes from a join (an outer one: a deleted parent row must show up).
-_EDGES_BY_CHILD = (
-    select(ParentRow.child_seq, ParentRow.parent_seq, ReceiptRow.id)
-    .outerjoin(ReceiptRow, ReceiptRow.seq == ParentRow.parent_seq)
-    .where(ParentRow.child_seq.in_(bindparam("seqs", expanding=True)))
-)
-_ARTIFACTS_BY_RECEIPT = select(ArtifactRow.receipt_seq, ArtifactRow.name, ArtifactRow.digest).where(
-    ArtifactRow.receipt_seq.in_(bindparam("seqs", expanding=True))
-)
-# The same for a range of seqs (lo..hi): one range of each table's primary key.
-_EDGES_IN_SPAN = (
-    select(ParentRow.child_seq, ParentRow.parent_seq, ReceiptRow.id)
-    .outerjoin(ReceiptRow, ReceiptRow.seq == ParentRow.parent_seq)
-    .where(ParentRow.child_seq.between(bindparam("lo"), bindparam("hi")))
-)
-_ARTIFACTS_IN_SPAN = select(ArtifactRow.receipt_seq, ArtifactRow.name, ArtifactRow.digest).where(
-    ArtifactRow.receipt_seq.between(bindparam("lo"), bindparam("hi"))
-)
+@functools.cache
+def _locations(n: int) -> str:
+    return (f"SELECT digest, uri FROM artifact_locations WHERE digest IN ({marks(n)}) "
+            f"ORDER BY digest, recorded_ns")
+
+
+@functools.cache
+def _receipt_locations(n: int) -> str:
+    return (f"SELECT r.id, l.name, l.uri FROM receipt_locations l JOIN receipts r ON r.seq = l.receipt_seq "
+            f"WHERE r.id IN ({marks(n)}) ORDER BY r.id, l.name, l.uri")
+
+
+def _closure_sql(up: bool) -> str:
+    """Receipt rows reachable from the one with id ``?`` over parent edges (up) or child edges (down)."""
+    step = ("SELECT p.parent_seq FROM receipt_parents p JOIN closure c ON p.child_seq = c.seq" if up else
+            "SELECT p.child_seq FROM receipt_parents p JOIN closure c ON p.parent_seq = c.seq")  # the parent_seq index
+    return (f"WITH RECURSIVE closure(seq) AS (SELECT seq FROM receipts WHERE id = ? UNION {step}) "
+            f"SELECT {_COLS} FROM receipts r JOIN closure c ON r.seq = c.seq ORDER BY r.seq")
+
+
+_ANCESTORS = _closure_sql(up=True)
+_DESCENDANTS = _closure_sql(up=False)
+# The verifier's index rows. The parent's id comes from a join (an outer one: a deleted parent row must show up);
+# for a range of seqs (lo..hi) one range of each table's primary key, else by lists of seqs.
+_EDGES = ("SELECT p.child_seq, p.parent_seq, r.id FROM receipt_parents p "
+          "LEFT OUTER JOIN receipts r ON r.seq = p.parent_seq WHERE p.child_seq ")
+_ARTIFACTS = "SELECT receipt_seq, name, digest FROM receipt_artifacts WHERE receipt_seq "
+_LOCATION_OWNERS = ("SELECT DISTINCT r.id, r.seq FROM receipts r JOIN receipt_locations l ON r.seq = l.receipt_seq "
+                    "WHERE l.uri = ? ORDER BY r.seq")
+
+
+@functools.cache
+def _write_statements() -> dict[str, Any]:
+    """The append path's SQLAlchemy statements off SQLite (PostgreSQL), built once on the first write: building a
+    statement per call costs more than running it."""
+    from sqlalchemy import insert
+
+    from ledger.models import ArtifactRow, ParentRow, ReceiptRow
+
+    return {"receipts": insert(ReceiptRow),
+            # A batch learns its seqs from the insert itself (RETURNING), not from a second query.
+            "receipts_returning": insert(ReceiptRow).returning(ReceiptRow.id, ReceiptRow.seq),
+            "parents": insert(ParentRow), "artifacts": insert(ArtifactRow)}
 
 
 # The columns _insert fills, in the order of its tuples (seq is assigned by the database or by _insert).
@@ -137,10 +153,10 @@ def _sqlite_insert(table: str, columns: Sequence[str]) -> str:
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
-_SQLITE_TOP_SEQ = f"SELECT coalesce(max(seq), 0) FROM {ReceiptRow.__tablename__}"
-_SQLITE_INSERT_RECEIPTS = _sqlite_insert(ReceiptRow.__tablename__, ("seq", *_RECEIPT_COLUMNS))
-_SQLITE_INSERT_PARENTS = _sqlite_insert(ParentRow.__tablename__, _PARENT_COLUMNS)
-_SQLITE_INSERT_ARTIFACTS = _sqlite_insert(ArtifactRow.__tablename__, _ARTIFACT_COLUMNS)
+_SQLITE_TOP_SEQ = "SELECT coalesce(max(seq), 0) FROM receipts"
+_SQLITE_INSERT_RECEIPTS = _sqlite_insert("receipts", ("seq", *_RECEIPT_COLUMNS))
+_SQLITE_INSERT_PARENTS = _sqlite_insert("receipt_parents", _PARENT_COLUMNS)
+_SQLITE_INSERT_ARTIFACTS = _sqlite_insert("receipt_artifacts", _ARTIFACT_COLUMNS)
 
 
 def _insert(conn: Connection, new: list[Receipt], now: int, seq_of: dict[str, int]) -> dict[str, int]:
@@ -163,34 +179,29 @@ def _insert(conn: Connection, new: list[Receipt], now: int, seq_of: dict[str, in
         conn.exec_driver_sql(_SQLITE_INSERT_RECEIPTS, rows)
         new_seqs = {row[1]: row[0] for row in rows}
     else:
+        stmts = _write_statements()
         values = [dict(zip(_RECEIPT_COLUMNS, (r.id, r.kind, r.run, r.rank, r.step, r.prepared, r.selection, r.body,
                                               now), strict=True)) for r in new]
         if len(values) == 1:  # the common single append: its seq comes back with the insert
-            key = conn.execute(_INSERT_RECEIPTS, values[0]).inserted_primary_key
+            key = conn.execute(stmts["receipts"], values[0]).inserted_primary_key
             assert key is not None  # SQLAlchemy reports the key of a single-row insert on every backend
             new_seqs = {new[0].id: key[0]}
         else:
-            new_seqs = {rid: seq for rid, seq in conn.execute(_INSERT_RECEIPTS_RETURNING, values)}
+            new_seqs = {rid: seq for rid, seq in conn.execute(stmts["receipts_returning"], values)}
     seq_of.update(new_seqs)
     edges = [(new_seqs[r.id], seq_of[p]) for r in new for p in r.parents]
     arts = [(new_seqs[r.id], name, digest) for r in new for name, digest in r.artifacts.items()]
     for sql, stmt, columns, index_rows in (
-        (_SQLITE_INSERT_PARENTS, _INSERT_PARENTS, _PARENT_COLUMNS, edges),
-        (_SQLITE_INSERT_ARTIFACTS, _INSERT_ARTIFACTS, _ARTIFACT_COLUMNS, arts),
+        (_SQLITE_INSERT_PARENTS, "parents", _PARENT_COLUMNS, edges),
+        (_SQLITE_INSERT_ARTIFACTS, "artifacts", _ARTIFACT_COLUMNS, arts),
     ):
         if not index_rows:
             continue
         if sqlite:
             conn.exec_driver_sql(sql, index_rows)
         else:
-            conn.execute(stmt, [dict(zip(columns, row, strict=True)) for row in index_rows])
+            conn.execute(_write_statements()[stmt], [dict(zip(columns, row, strict=True)) for row in index_rows])
     return new_seqs
-
-
-@functools.cache
-def _sqlite_rows_by_id(n: int) -> str:
-    """_ROWS_BY_ID for ``n`` ids as SQLite's own SQL (the same columns, ledger/reads.py's)."""
-    return f"{SELECT_ROWS} WHERE id IN ({', '.join('?' * n)})"
 
 
 def missing_parent(seq: int) -> str:
@@ -225,22 +236,14 @@ def _parsed_body(rid: str, body: bytes) -> Receipt:
 
 
 def database_error(url: str, exc: DBAPIError) -> DatabaseError:
-    """One line for a database failure, naming the ledger and, where SQLite says it, what is wrong with it."""
-    where = display_url(url)
-    detail = " ".join(str(exc.orig if exc.orig is not None else exc).split("\n")[0].split())
-    low = detail.lower()
-    if "file is not a database" in low:
-        return DatabaseError(f"cannot read {where}: it is not an SQLite ledger ({detail})")
-    if "malformed" in low:
-        return DatabaseError(f"cannot read {where}: the database file is damaged ({detail}); restore it from a copy")
-    if "disk is full" in low or "no space" in low:  # SQLite rolled the transaction back
-        return DatabaseError(f"cannot write to {where}: the disk is full ({detail}); nothing was written, and "
-                             f"everything stored before is intact")
-    if "readonly" in low or "read-only" in low:
-        return DatabaseError(f"cannot write to {where}: it is read-only ({detail})")
-    if "disk i/o error" in low:  # e.g. no room left to create the -shm file WAL reads through
-        return DatabaseError(f"cannot use {where}: {detail}; is its disk full or failing?")
-    return DatabaseError(f"database {where}: {detail}")
+    """One line for a database failure raised through SQLAlchemy (ledger.database.failure's words)."""
+    return failure(url, str(exc.orig if exc.orig is not None else exc))
+
+
+def _dbapi_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLAlchemy's DBAPIError; without SQLAlchemy imported, nothing raised can be one."""
+    sa = sys.modules.get("sqlalchemy.exc")
+    return sa is not None and isinstance(exc, sa.DBAPIError)
 
 
 P = ParamSpec("P")
@@ -254,23 +257,30 @@ def _typed_errors(method: Callable[Concatenate[Store, P], T]) -> Callable[Concat
     def wrapper(self: Store, *args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return method(self, *args, **kwargs)
-        except DBAPIError as exc:
-            raise database_error(self.url, exc) from exc
+        except Exception as exc:
+            if _dbapi_error(exc):
+                raise database_error(self.url, exc) from exc  # type: ignore[arg-type]
+            raise
 
     return wrapper
 
 
 class Store:
-    """An open ledger. Create with :meth:`open`; safe to use from one thread; one per process."""
+    """An open ledger. Create with :meth:`open`; one per process. Reads may come from several threads (each reads
+    through its own connection); appends from one at a time."""
 
-    def __init__(self, engine: Engine, url: str, *, readonly: str | None = None, signer: Signer | None = None
-                 ) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine | None, url: str, *, readonly: str | None = None, signer: Signer | None = None,
+                 sqlite_file: Path | None = None) -> None:
+        """``engine`` reads and writes; without one, ``sqlite_file`` (the plain SQLite file of ``url``) is read
+        with the standard library and the engine that writes is made on the first write."""
         self.url = url
         self.readonly = readonly  # why this store cannot write (None: it can)
         # Signs every receipt appended without a signer of its own (None: such receipts are stored unsigned).
         self.signer = signer
-        self._writer = engine.execution_options(ledger_write=True)
+        self._engine = engine
+        self._sqlite_file = sqlite_file if engine is None else None
+        self._local = threading.local()  # each thread's (pid, SqliteReads)
+        self._opened: list[SqliteReads] = []
         path = sqlite_path(url)
         self._directory = path.parent if path is not None else None
 
@@ -291,6 +301,9 @@ class Store:
         if signer is None and os.environ.get(ENV_SIGNING_KEY):
             signer = load_private_key(os.environ[ENV_SIGNING_KEY])
         url = resolve_url(db)
+        plain = plain_sqlite_path(url)
+        if plain is not None:
+            return cls._open_file(url, plain, create, signer)
         connect, readonly = url, None
         path = sqlite_path(url)
         if path is not None and (path.exists() or not create):
@@ -298,6 +311,8 @@ class Store:
             readonly = "the URL asks for mode=ro" if is_readonly_url(url) else unwritable(path)
             if readonly is not None:
                 connect = readonly_url(path)
+        from sqlalchemy.exc import DBAPIError
+
         engine = make_engine(connect)
         try:
             current = schema_revision(engine)
@@ -316,6 +331,88 @@ class Store:
             check_revision(url, current)
         return cls(engine, url, readonly=readonly, signer=signer)
 
+    @classmethod
+    def _open_file(cls, url: str, path: Path, create: bool, signer: Signer | None) -> Store:
+        """An SQLite ledger file named by a plain URL: read with the standard library (no SQLAlchemy until a
+        write), its schema revision checked the same way."""
+        if create and not path.exists():
+            from ledger.migrate import upgrade  # alembic only when a schema must be created
+
+            upgrade(url)
+        check_sqlite_file(path)
+        readonly = unwritable(path)
+        store = cls(None, url, readonly=readonly, signer=signer, sqlite_file=path)
+        try:
+            current = store._revision()
+            if current is None and create:
+                if readonly is not None:
+                    raise DatabaseError(f"cannot create a ledger in {display_url(url)}: {readonly}")
+                from ledger.migrate import upgrade
+
+                upgrade(url)
+                current = store._revision()
+            check_revision(url, current)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _revision(self) -> str | None:
+        import sqlite3
+
+        conn = self._sqlite_reads().conn
+        try:
+            found = conn.execute(REVISION_SQL).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise failure(self.url, str(exc)) from exc
+            return None  # not a ledger of ours, or not one yet
+        except sqlite3.Error as exc:
+            raise failure(self.url, str(exc)) from exc
+        return None if found is None else found[0]
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine (writes; reads off an SQLite file), made when first needed."""
+        if self._engine is None:
+            assert self._sqlite_file is not None
+            self._engine = make_engine(self.url if self.readonly is None else readonly_url(self._sqlite_file))
+        return self._engine
+
+    @functools.cached_property
+    def _writer(self) -> Engine:
+        return self.engine.execution_options(ledger_write=True)
+
+    def _sqlite_reads(self) -> SqliteReads:
+        """This thread's reading connection to the SQLite file (a new one in a forked child)."""
+        held = getattr(self._local, "reads", None)
+        if held is not None and held[0] == os.getpid():
+            return held[1]
+        assert self._sqlite_file is not None
+        if self.readonly is None:
+            conn = connect_sqlite(str(self._sqlite_file), self.url)
+        else:
+            conn = connect_sqlite(readonly_uri(self._sqlite_file), self.url, uri=True)
+        reads = SqliteReads(conn, self.url)
+        self._local.reads = (os.getpid(), reads)
+        self._opened.append(reads)
+        return reads
+
+    @contextmanager
+    def reading(self) -> Iterator[Reads]:
+        """One read transaction (its statements see one state of the ledger), failures as DatabaseError."""
+        if self._sqlite_file is not None:
+            with self._sqlite_reads().snapshot() as reads:
+                yield reads
+            return
+        try:
+            with self.engine.connect() as conn:
+                yield DriverReads(conn)
+        except Exception as exc:
+            if _dbapi_error(exc):
+                raise database_error(self.url, exc) from exc  # type: ignore[arg-type]
+            raise
+
     @property
     def directory(self) -> Path | None:
         """The directory of an SQLite ledger file (relative locations resolve against it); None otherwise."""
@@ -326,7 +423,13 @@ class Store:
             raise DatabaseError(f"cannot write to {display_url(self.url)}: opened read-only ({self.readonly})")
 
     def close(self) -> None:
-        self.engine.dispose()
+        for reads in self._opened:
+            if reads.conn is not None:
+                reads.conn.close()
+        self._opened.clear()
+        self._local = threading.local()
+        if self._engine is not None:
+            self._engine.dispose()
 
     def __enter__(self) -> Store:
         return self
@@ -337,6 +440,8 @@ class Store:
     @contextmanager
     def _write(self) -> Iterator[Session]:
         """A write transaction holding the write lock from its first statement (BEGIN IMMEDIATE on SQLite)."""
+        from sqlalchemy.orm import Session
+
         with Session(self._writer) as session, session.begin():
             yield session
 
@@ -359,6 +464,7 @@ class Store:
         keeps the signatures it was stored with: its leaf cannot change.
         """
         self._check_writable()
+        from sqlalchemy.exc import IntegrityError
 
         signer = signer if signer is not None else self.signer
         # First assume none of the given receipts is stored yet, the usual case: that saves looking each one up
@@ -372,6 +478,8 @@ class Store:
 
     def _append_retrying(self, receipts: Sequence[Receipt], check: bool, signer: Signer | None,
                          careful: bool) -> list[Stored]:
+        from sqlalchemy.exc import IntegrityError, OperationalError
+
         for attempt in range(8):
             try:
                 return self._append_many(receipts, check, signer, careful)
@@ -453,26 +561,20 @@ class Store:
         """``id -> (seq, recorded_ns, body)`` for those of ``ids`` that are stored (``b""`` bodies unless asked)."""
         out: dict[str, tuple[int, int, bytes]] = {}
         listed = sorted(ids)
+        reads = DriverReads(conn)
         for i in range(0, len(listed), _CHUNK):
-            chunk = {"ids": listed[i : i + _CHUNK]}
-            if with_body:
-                out.update((rid, (seq, ns, body)) for rid, seq, ns, body in conn.execute(_BODIES_BY_ID, chunk))
-            else:
-                out.update((rid, (seq, ns, b"")) for rid, seq, ns in conn.execute(_SEQS_BY_ID, chunk))
+            chunk = listed[i : i + _CHUNK]
+            for row in reads.all(_seqs_by_id(len(chunk), with_body), chunk):
+                out[row[0]] = (row[1], row[2], row[3] if with_body else b"")
         return out
 
     @staticmethod
-    def _rows_by_id(conn: Connection, ids: set[str]) -> list[StoredRow]:
+    def _rows_by_id(reads: Reads, ids: set[str]) -> list[StoredRow]:
         out: list[StoredRow] = []
         listed = sorted(ids)
-        if conn.dialect.name == "sqlite":  # the driver's cursor: SQLAlchemy's expanding IN and rows cost SQLite's twice
-            with driver_cursor(conn, "read receipt rows by id") as cur:
-                for i in range(0, len(listed), _CHUNK):
-                    chunk = listed[i : i + _CHUNK]
-                    out.extend(map(StoredRow._make, cur.execute(_sqlite_rows_by_id(len(chunk)), chunk).fetchall()))
-            return out
         for i in range(0, len(listed), _CHUNK):
-            out.extend(map(StoredRow._make, conn.execute(_ROWS_BY_ID, {"ids": listed[i : i + _CHUNK]}).all()))
+            chunk = listed[i : i + _CHUNK]
+            out.extend(map(StoredRow._make, reads.all(_rows_by_id(len(chunk)), chunk)))
         return out
 
     @_typed_errors
@@ -480,6 +582,8 @@ class Store:
         """Record where an artifact's bytes can be found (idempotent). A relative path is kept as given and read
         relative to the ledger's directory (see :meth:`locations`)."""
         self._check_writable()
+        from ledger.models import LocationRow
+
         with self._write() as session:
             have = session.get(LocationRow, (digest, uri))
             if have is None:
@@ -495,9 +599,10 @@ class Store:
         """:meth:`locations` of each digest (an empty list for one without any), in a query per 500 digests."""
         out: dict[str, list[str]] = {d: [] for d in digests}
         listed = sorted(out)
-        with self.engine.connect() as conn:
+        with self.reading() as reads:
             for i in range(0, len(listed), _CHUNK):
-                for digest, uri in conn.execute(_LOCATIONS, {"digests": listed[i : i + _CHUNK]}).all():
+                chunk = listed[i : i + _CHUNK]
+                for digest, uri in reads.all(_locations(len(chunk)), chunk):
                     out[digest].append(self._resolved(uri))
         return out
 
@@ -513,6 +618,10 @@ class Store:
         """Record where receipt ``rid`` says the bytes of its artifacts are (artifact name -> location), in one
         transaction (idempotent); the receipt must be stored. Each place is recorded under the digest too, so
         lookups by digest find it."""
+        from sqlalchemy import select
+
+        from ledger.models import LocationRow, ReceiptLocationRow, ReceiptRow
+
         with self._write() as session:
             row = session.execute(select(ReceiptRow.seq, ReceiptRow.body).where(ReceiptRow.id == rid)).first()
             if row is None:
@@ -536,11 +645,8 @@ class Store:
     @_typed_errors
     def location_owners(self, uri: str) -> list[str]:
         """The receipts that recorded ``uri`` as their own evidence (receipt locations), in append order."""
-        with self.engine.connect() as conn:
-            stmt = (select(ReceiptRow.id, ReceiptRow.seq)
-                    .join(ReceiptLocationRow, ReceiptRow.seq == ReceiptLocationRow.receipt_seq)
-                    .where(ReceiptLocationRow.uri == uri).order_by(ReceiptRow.seq).distinct())
-            return [rid for rid, _ in conn.execute(stmt)]
+        with self.reading() as reads:
+            return [rid for rid, _ in reads.all(_LOCATION_OWNERS, (uri,))]
 
     def receipt_locations(self, rid: str) -> dict[str, list[str]]:
         """Where receipt ``rid`` says its artifacts' bytes are: artifact name -> locations (empty if none); relative
@@ -552,9 +658,10 @@ class Store:
         """:meth:`receipt_locations` of each receipt, in a query per 500 receipts."""
         out: dict[str, dict[str, list[str]]] = {rid: {} for rid in rids}
         listed = sorted(out)
-        with self.engine.connect() as conn:
+        with self.reading() as reads:
             for i in range(0, len(listed), _CHUNK):
-                for rid, name, uri in conn.execute(_RECEIPT_LOCATIONS, {"ids": listed[i : i + _CHUNK]}).all():
+                chunk = listed[i : i + _CHUNK]
+                for rid, name, uri in reads.all(_receipt_locations(len(chunk)), chunk):
                     out[rid].setdefault(name, []).append(self._resolved(uri))
         return out
 
@@ -564,17 +671,15 @@ class Store:
     def resolve(self, ref: str) -> str:
         """Turn a full id or a unique hex prefix (at least 4 digits) into a full id (ledger/reads.py's rules)."""
         lo, hi = id_range(ref)
-        with self.engine.connect() as conn:
-            stmt = select(ReceiptRow.id).where(ReceiptRow.id >= lo, ReceiptRow.id < hi).limit(MATCHES)
-            return pick(ref, conn.scalars(stmt))
+        with self.reading() as reads:
+            return pick(ref, (rid for rid, in reads.all(_SELECT_IDS, (lo, hi))))
 
     @_typed_errors
     def ids(self, *, prepared: str) -> list[str]:
         """The stored ids of every receipt with this prepared digest, in append order (the rows' ids, whatever
         their bodies say: the verifier recomputes each)."""
-        with self.engine.connect() as conn:
-            stmt = select(ReceiptRow.id).where(ReceiptRow.prepared == prepared).order_by(ReceiptRow.seq)
-            return list(conn.scalars(stmt))
+        with self.reading() as reads:
+            return [rid for rid, in reads.all("SELECT id FROM receipts WHERE prepared = ? ORDER BY seq", (prepared,))]
 
     def latest_prepared(self, prepared: str | None = None) -> str:
         """``prepared`` if a prepare receipt has that digest, else the latest prepare receipt's digest."""
@@ -587,14 +692,14 @@ class Store:
     @_typed_errors
     def get(self, ref: str) -> Stored:
         """The receipt with this id or unique prefix."""
-        rid = self.resolve(ref)
-        with self.engine.connect() as conn:
-            return parsed(StoredRow._make(conn.execute(_ROW_BY_ID, {"rid": rid}).one()))
+        with self.reading() as reads:
+            rid = self.resolve(ref)
+            return parsed(StoredRow._make(reads.all(_ROW_BY_ID, (rid,))[0]))
 
     @_typed_errors
     def contains(self, rid: str) -> bool:
-        with self.engine.connect() as conn:
-            return conn.scalar(select(ReceiptRow.seq).where(ReceiptRow.id == rid)) is not None
+        with self.reading() as reads:
+            return bool(reads.all("SELECT seq FROM receipts WHERE id = ?", (rid,)))
 
     @_typed_errors
     def find(
@@ -609,31 +714,29 @@ class Store:
         limit: int | None = None,
     ) -> list[Stored]:
         """Receipts matching every given field, in append order."""
-        stmt = _ROWS.order_by(ReceiptRow.seq)
-        for column, value in (
-            (ReceiptRow.kind, kind),
-            (ReceiptRow.run, run),
-            (ReceiptRow.prepared, prepared),
-            (ReceiptRow.selection, selection),
-            (ReceiptRow.rank, rank),
-            (ReceiptRow.step, step),
-        ):
-            if value is not None:
-                stmt = stmt.where(column == value)
+        given = [(column, value) for column, value in (("kind", kind), ("run", run), ("prepared", prepared),
+                                                      ("selection", selection), ("rank", rank), ("step", step))
+                 if value is not None]
+        sql = SELECT_ROWS
+        if given:
+            sql += " WHERE " + " AND ".join(f"{column} = ?" for column, _ in given)
+        sql += " ORDER BY seq"
+        params: list[Any] = [value for _, value in given]
         if limit is not None:
-            stmt = stmt.limit(limit)
-        with self.engine.connect() as conn:
-            return [parsed(StoredRow._make(row)) for row in conn.execute(stmt).all()]
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self.reading() as reads:
+            return [parsed(StoredRow._make(row)) for row in reads.all(sql, params)]
 
     @_typed_errors
     def count(self) -> int:
-        with self.engine.connect() as conn:
-            return int(conn.scalar(text("SELECT count(*) FROM receipts")) or 0)
+        with self.reading() as reads:
+            return int(scalar(reads, "SELECT count(*) FROM receipts") or 0)
 
     def _closure(self, rid: str, up: bool) -> list[StoredRow]:
         """Ancestors (up) or descendants of ``rid``, itself included, in one recursive query over seqs."""
-        with self.engine.connect() as conn:
-            return list(map(StoredRow._make, conn.execute(_ANCESTORS if up else _DESCENDANTS, {"rid": rid}).all()))
+        with self.reading() as reads:
+            return list(map(StoredRow._make, reads.all(_ANCESTORS if up else _DESCENDANTS, (rid,))))
 
     @_typed_errors
     def ancestors(self, ref: str) -> list[Stored]:
@@ -650,15 +753,16 @@ class Store:
     @_typed_errors
     def raw_closure(self, rid: str) -> tuple[list[StoredRow], list[ParentEdge], list[ArtifactRef]]:
         """Rows of a receipt's ancestry exactly as stored (nothing parsed), for the verifier to re-check."""
-        rows = self._closure(rid, True)
-        return (rows, *self._index_rows(rows))
+        with self.reading():
+            rows = self._closure(rid, True)
+            return (rows, *self._index_rows(rows))
 
     @_typed_errors
     def raw_rows(self, ids: Iterable[str]) -> tuple[list[StoredRow], list[ParentEdge], list[ArtifactRef]]:
         """The rows of these receipts (those stored) and their index rows, exactly as stored."""
-        with self.engine.connect() as conn:
-            rows = self._rows_by_id(conn, set(ids))
-        return (rows, *self._index_rows(rows))
+        with self.reading() as reads:
+            rows = self._rows_by_id(reads, set(ids))
+            return (rows, *self._index_rows(rows))
 
     def _index_rows(self, rows: list[StoredRow]) -> tuple[list[ParentEdge], list[ArtifactRef]]:
         """The edge and artifact rows of ``rows``, their seqs turned back into receipt ids.
@@ -674,18 +778,18 @@ class Store:
         if not seqs:
             return [], []
         dense = seqs[-1] - seqs[0] < 2 * len(seqs)
-        spans = ([{"lo": seqs[0], "hi": seqs[-1]}] if dense
-                 else [{"seqs": seqs[i : i + _CHUNK]} for i in range(0, len(seqs), _CHUNK)])
-        edges_stmt, arts_stmt = (_EDGES_IN_SPAN, _ARTIFACTS_IN_SPAN) if dense else (_EDGES_BY_CHILD,
-                                                                                     _ARTIFACTS_BY_RECEIPT)
+        spans: list[tuple[str, Sequence[int]]] = (
+            [("BETWEEN ? AND ?", (seqs[0], seqs[-1]))] if dense else
+            [(f"IN ({marks(len(chunk))})", chunk) for chunk in (seqs[i : i + _CHUNK]
+                                                                for i in range(0, len(seqs), _CHUNK))])
         edges: list[ParentEdge] = []
         arts: list[ArtifactRef] = []
-        with self.engine.connect() as conn:
-            for span in spans:
+        with self.reading() as reads:
+            for where, params in spans:
                 edges.extend(ParentEdge(id_of[child], parent if parent is not None else missing_parent(pseq))
-                             for child, pseq, parent in conn.execute(edges_stmt, span).all() if child in id_of)
+                             for child, pseq, parent in reads.all(_EDGES + where, params) if child in id_of)
                 arts.extend(ArtifactRef(id_of[rseq], name, digest)
-                            for rseq, name, digest in conn.execute(arts_stmt, span).all() if rseq in id_of)
+                            for rseq, name, digest in reads.all(_ARTIFACTS + where, params) if rseq in id_of)
         return edges, arts
 
     def iter_rows(self, batch: int = 5000) -> Iterator[StoredRow]:
@@ -693,10 +797,12 @@ class Store:
         last = 0
         while True:
             try:  # a generator: the decorator would return before the first query runs
-                with self.engine.connect() as conn:
-                    rows = list(map(StoredRow._make, conn.execute(_ROWS_AFTER, {"last": last, "batch": batch}).all()))
-            except DBAPIError as exc:
-                raise database_error(self.url, exc) from exc
+                with self.reading() as reads:
+                    rows = list(map(StoredRow._make, reads.all(_ROWS_AFTER, (last, batch))))
+            except Exception as exc:
+                if _dbapi_error(exc):
+                    raise database_error(self.url, exc) from exc  # type: ignore[arg-type]
+                raise
             if not rows:
                 return
             yield from rows

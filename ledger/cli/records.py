@@ -70,15 +70,8 @@ def show(
     raw: Annotated[bool, typer.Option("--raw", help="Print the canonical bytes exactly as hashed.")] = False,
 ) -> None:
     """Show one receipt."""
-    from ledger.database import resolve_url
-    from ledger.reads import read_sqlite
-
-    # An SQLite file is read with the standard library (no SQLAlchemy: a third of the start-up); the store reads
-    # anything else, and whatever that path declines.
-    stored = read_sqlite(resolve_url(db), ref)
-    if stored is None:
-        with open_store(db) as store:
-            stored = store.get(ref)
+    with open_store(db) as store:  # an SQLite file is read with the standard library (ledger/reads.py)
+        stored = store.get(ref)
     r = stored.receipt
     if raw:
         sys.stdout.buffer.write(r.body + b"\n")

@@ -1,7 +1,7 @@
-"""ledger/reads.py: `ledger show` reads an SQLite ledger with the standard library, by the store's own rules. The
-same receipt, row and errors as Store.open and Store.get (unknown, ambiguous, malformed or short references, a
-missing file, a directory, a schema out of date or from newer software); every other case left to the store; and
-`ledger show` then imports no SQLAlchemy."""
+"""ledger/reads.py: the store reads an SQLite ledger file with the standard library. The same receipts, rows and
+errors as through SQLAlchemy's engine (unknown, ambiguous, malformed or short references), one line for a missing
+file, a directory, a file that is not a database and a schema other than the head; writes made through the engine
+seen by the reads; a connection per thread; a snapshot; and `ledger show` imports no SQLAlchemy."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ import json
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
 from pathlib import Path
 
 import pytest
 
 from ledger import reads
-from ledger import store as store_module
-from ledger.database import resolve_url
+from ledger.database import make_engine, resolve_url
 from ledger.errors import (
     AmbiguousReceipt,
     DatabaseError,
@@ -45,39 +44,65 @@ def ledger(tmp_path: Path) -> tuple[Path, list[Receipt]]:
     return db, receipts
 
 
-def test_the_columns_are_the_stores() -> None:
+def test_the_columns_are_the_models() -> None:
+    from ledger.models import ReceiptRow
+
     assert reads.ROW_COLUMNS == reads.StoredRow._fields
-    assert tuple(c.key for c in store_module._ROW_COLUMNS) == reads.ROW_COLUMNS
+    assert set(reads.ROW_COLUMNS) == set(ReceiptRow.__table__.columns.keys())
 
 
-def test_the_same_receipt_as_the_store(ledger: tuple[Path, list[Receipt]]) -> None:
-    db, receipts = ledger
+def through_the_engine(db: Path) -> Store:
+    """The same ledger read through SQLAlchemy (what any other URL gets), to compare the file's reads with."""
     url = resolve_url(db)
+    return Store(make_engine(url), url)
+
+
+def test_a_ledger_file_is_read_with_the_standard_library(ledger: tuple[Path, list[Receipt]]) -> None:
+    db, receipts = ledger
     with Store.open(db) as store:
+        assert store._sqlite_file == db and store._engine is None
+        assert isinstance(store._sqlite_reads(), reads.SqliteReads)
+
+
+def test_the_same_reads_as_through_the_engine(ledger: tuple[Path, list[Receipt]]) -> None:
+    db, receipts = ledger
+    with Store.open(db) as store, through_the_engine(db) as engine_store:
         for r in (receipts[0], receipts[17], receipts[-1]):
             for ref in (r.id, r.id[7:19], " " + r.id[7:15].upper() + " "):
-                got = reads.read_sqlite(url, ref)
-                assert got == store.get(ref) and got is not None and got.receipt.body == r.body
+                got = store.get(ref)
+                assert got == engine_store.get(ref) and got.receipt.body == r.body
+        assert list(store.iter_rows(batch=7)) == list(engine_store.iter_rows(batch=7))
+        assert store.find(run="reads", step=3) == engine_store.find(run="reads", step=3)
+        assert store.ancestors(receipts[5].id) == engine_store.ancestors(receipts[5].id)
+        ids = [r.id for r in receipts[::3]]
+        assert store.raw_rows(ids) == engine_store.raw_rows(ids)
+        assert store.count() == engine_store.count() == len(receipts)
 
 
 def _errors_alike(db: Path, ref: str, error: type[Exception]) -> None:
-    with pytest.raises(error) as by_store:
+    with pytest.raises(error) as by_engine:
+        with through_the_engine(db) as store:
+            store.get(ref)
+    with pytest.raises(error) as by_file:
         with Store.open(db) as store:
             store.get(ref)
-    with pytest.raises(error) as by_reads:
-        reads.read_sqlite(resolve_url(db), ref)
-    assert str(by_reads.value) == str(by_store.value)
+    assert str(by_file.value) == str(by_engine.value)
 
 
-def test_the_same_errors_as_the_store(ledger: tuple[Path, list[Receipt]], tmp_path: Path) -> None:
+def test_the_same_errors_as_through_the_engine(ledger: tuple[Path, list[Receipt]]) -> None:
     db, _ = ledger
     _errors_alike(db, "blake3:" + "0" * 64, UnknownReceipt)
     _errors_alike(db, "blake3:" + "0" * 63, MalformedDigest)
     _errors_alike(db, "abc", InputError)
     _errors_alike(db, "xyz123", InputError)
-    _errors_alike(tmp_path / "absent.db", "abcd", DatabaseError)
+
+
+def test_a_missing_file_or_a_directory_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(DatabaseError, match="no ledger at"):
+        Store.open(tmp_path / "absent.db")
     (tmp_path / "dir.db").mkdir()
-    _errors_alike(tmp_path / "dir.db", "abcd", DatabaseError)
+    with pytest.raises(DatabaseError, match="it is a directory, not an SQLite ledger file"):
+        Store.open(tmp_path / "dir.db")
 
 
 def test_an_ambiguous_prefix_names_its_matches_alike(tmp_path: Path) -> None:
@@ -95,30 +120,58 @@ def test_an_ambiguous_prefix_names_its_matches_alike(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("revision", "error"), [("0004_transparency_log", SchemaOutOfDate),
                                                  ("9999_from_the_future", UnknownSchema)])
-def test_a_schema_other_than_the_head_is_refused_alike(ledger: tuple[Path, list[Receipt]], revision: str,
-                                                       error: type[Exception]) -> None:
+def test_a_schema_other_than_the_head_is_refused(ledger: tuple[Path, list[Receipt]], revision: str,
+                                                 error: type[Exception]) -> None:
     db, receipts = ledger
     conn = sqlite3.connect(db)
     with conn:
         conn.execute("UPDATE alembic_version SET version_num = ?", (revision,))
     conn.close()
-    _errors_alike(db, receipts[0].id, error)
+    with pytest.raises(error):
+        Store.open(db)
 
 
-@pytest.mark.parametrize("make", [
-    lambda db: f"sqlite:///file:{db}?mode=ro&uri=true",  # a URI: the store's read-only opening
-    lambda db: "postgresql+psycopg://nobody@127.0.0.1:1/none",
-    lambda db: "sqlite://",
-])
-def test_other_urls_are_left_to_the_store(ledger: tuple[Path, list[Receipt]], make: Callable[[Path], str]) -> None:
-    db, receipts = ledger
-    assert reads.read_sqlite(make(db), receipts[0].id) is None
-
-
-def test_a_file_that_is_not_a_database_is_left_to_the_store(tmp_path: Path) -> None:
+def test_a_file_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not an sqlite database, just bytes\n" * 100)
-    assert reads.read_sqlite(resolve_url(junk), "abcd") is None
+    with pytest.raises(DatabaseError, match=r"junk.db: it is not an SQLite ledger \(file is not a database\)"):
+        Store.open(junk)
+
+
+def test_a_write_needs_no_reopening_and_reads_see_it(ledger: tuple[Path, list[Receipt]]) -> None:
+    db, receipts = ledger
+    extra = make_receipt("note", run="reads", step=99, parents=[receipts[-1]])
+    with Store.open(db) as store:
+        assert store.count() == len(receipts)
+        store.append(extra)  # the engine is made here
+        assert store._engine is not None
+        assert store.get(extra.id).receipt == extra and store.count() == len(receipts) + 1
+
+
+def test_each_thread_reads_through_its_own_connection(ledger: tuple[Path, list[Receipt]]) -> None:
+    db, receipts = ledger
+    with Store.open(db) as store:
+        mine = store._sqlite_reads()
+        seen: list[object] = []
+
+        def read() -> None:
+            seen.append(store._sqlite_reads())
+            assert store.get(receipts[1].id).receipt == receipts[1]
+
+        worker = threading.Thread(target=read)
+        worker.start()
+        worker.join()
+        assert len(seen) == 1 and seen[0] is not mine and store._sqlite_reads() is mine
+
+
+def test_a_snapshot_sees_one_state_of_the_ledger(ledger: tuple[Path, list[Receipt]]) -> None:
+    db, receipts = ledger
+    with Store.open(db) as reader, Store.open(db) as writer, reader.reading() as snap:
+        before = reads.scalar(snap, "SELECT count(*) FROM receipts")
+        writer.append(make_receipt("note", run="reads", step=100))
+        assert reads.scalar(snap, "SELECT count(*) FROM receipts") == before
+    with Store.open(db) as reader:
+        assert reader.count() == before + 1
 
 
 def _show(*args: str) -> tuple[str, set[str]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -361,25 +362,41 @@ def test_ancestors_and_descendants_with_diamonds(store: Store) -> None:
     assert ids(store.ancestors(e.id)) == ids(store.descendants(e.id)) == [e.id]
 
 
-def test_ancestors_use_a_bounded_number_of_statements(store: Store) -> None:
-    receipts = [note(0)]
-    for i in range(1, 200):
-        receipts.append(note(i, [receipts[-1]]))
-    store.append_many(receipts)
+@contextmanager
+def counting_statements(store: Store) -> Iterator[list[str]]:
+    """The statements the store runs inside the block: through SQLite's own trace on a ledger file read with the
+    standard library, else through the engine's events."""
     statements: list[str] = []
+    if store._sqlite_file is not None:
+        conn = store._sqlite_reads().conn
+        conn.set_trace_callback(statements.append)
+        try:
+            yield statements
+        finally:
+            conn.set_trace_callback(None)
+        return
 
     def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         statements.append(statement)
 
     event.listen(store.engine, "before_cursor_execute", count)
     try:
+        yield statements
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+
+
+def test_ancestors_use_a_bounded_number_of_statements(store: Store) -> None:
+    receipts = [note(0)]
+    for i in range(1, 200):
+        receipts.append(note(i, [receipts[-1]]))
+    store.append_many(receipts)
+    with counting_statements(store) as statements:
         found = store.ancestors(receipts[-1].id)
         up = len(statements)
         statements.clear()
         below = store.descendants(receipts[0].id)
         down = len(statements)
-    finally:
-        event.remove(store.engine, "before_cursor_execute", count)
     assert len(found) == len(below) == 200
     assert [s.receipt.id for s in found] == [r.id for r in receipts]
     assert 1 <= up < 10 and 1 <= down < 10, (up, down)
