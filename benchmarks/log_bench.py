@@ -161,7 +161,7 @@ def build_big(path: Path, n: int) -> tuple[list[str], float]:
     con.execute("PRAGMA journal_mode=WAL")
     con.close()
     Receipt.from_bytes((_TEMPLATE % 0).encode())  # the template is a canonical receipt
-    with Store.open(path) as store, store.engine.connect() as conn:  # the rows are the log the store would build
+    with Store.open(path) as store, store.reading() as conn:  # the rows are the log the store would build
         m = min(n, 4096 + 17)
         assert merkle.root_at(tlog.DbNodes(conn), m) == merkle.root_from_leaves([tlog.leaf_hash(r) for r in ids[:m]])
     return ids, time.perf_counter() - t0
@@ -171,7 +171,7 @@ def db_proofs(store: Store, ids: list[str], sample: int, rng: random.Random) -> 
     ok = True
     print(f"{'leaves':>9} {'ceil':>4} {'incl max':>8} {'cons max':>8} {'reads max':>9} {'incl gen us':>11} "
           f"{'incl ver us':>11} {'cons gen us':>11} {'cons ver us':>11}")
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         nodes = tlog.DbNodes(conn)
         for n in (10**3, 10**5, BIG):
             root = merkle.root_at(nodes, n)
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             ok &= db_proofs(store, ids, args.sample, rng)
         origin = tp.log_origin(store)
         signer = generate_key("bench-operator")
-        with store.engine.connect() as conn:
+        with store.reading() as conn:
             head_at = min(HEAD_AT, n - 1000)
             head = note.sign_checkpoint(note.Checkpoint(origin, head_at, merkle.root_at(tlog.DbNodes(conn), head_at)),
                                         signer)

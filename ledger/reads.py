@@ -178,6 +178,17 @@ def connect_sqlite(target: str, url: str, *, uri: bool = False) -> sqlite3.Conne
     return conn
 
 
+class CursorReads:
+    """Reads through a DBAPI cursor inside its caller's transaction, the driver's own errors left as they are (the
+    SQLite append path's cursor: ledger.database.driver_cursor turns them into what the store retries)."""
+
+    def __init__(self, cur: Any) -> None:
+        self.cur = cur
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return list(self.cur.execute(sql, params).fetchall())
+
+
 @functools.cache
 def _pyformat(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")

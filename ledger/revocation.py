@@ -23,12 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
-
 from ledger import chain, tlog
 from ledger.errors import InputError, LookupFailed, VerificationError
-from ledger.models import ReceiptRow
 from ledger.note import ALG_ED25519, Signer
+from ledger.reads import scalar
 from ledger.receipts import Kind, Receipt, make_receipt
 from ledger.rules import KEY_REVOCATION_FORMAT
 from ledger.signing import load_public_key
@@ -103,11 +101,11 @@ def all_revocations(store: Store) -> list[Revocation]:
     # parents are found by the id their body hashes to (logged_key_receipts checked it), never the stored column
     by_id = {k.receipt.id: k.receipt for k in logged}
     found = [k for k in logged if k.receipt.measurements.get("format") == KEY_REVOCATION_FORMAT]
-    with store.engine.connect() as conn:
-        sigs = tlog.signatures_by_seq(conn, [k.seq for k in found])
+    with store.reading() as reads:
+        sigs = tlog.signatures_by_seq(reads, [k.seq for k in found])
         for k in found:  # a cited receipt of another kind: its rule names what it cites instead
             for p in set(k.receipt.parents) - by_id.keys():
-                cited = conn.execute(select(ReceiptRow.body).where(ReceiptRow.id == p)).scalar()
+                cited = scalar(reads, "SELECT body FROM receipts WHERE id = ?", (p,))
                 if cited is not None and (parent := Receipt.from_bytes(bytes(cited))).id == p:
                     by_id[p] = parent
     out: list[Revocation] = []

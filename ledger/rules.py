@@ -12,7 +12,7 @@ from typing import Any
 
 from ledger import digests
 from ledger.errors import ChainBroken
-from ledger.experiment.config import ARMS
+from ledger.experiment.arms import ARMS
 from ledger.experiment.formats import RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
 from ledger.receipts import Receipt
 from ledger.signing import load_public_key

@@ -28,16 +28,20 @@ import functools
 import hashlib
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, NamedTuple
-
-from sqlalchemy import Connection, insert, select, text
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from ledger import merkle
 from ledger.database import driver_cursor
 from ledger.errors import VerificationError
-from ledger.models import LogInfoRow, LogLeafRow, LogNodeRow, SignatureRow
 from ledger.note import Signer
+from ledger.reads import CursorReads, DriverReads, Reads, marks, scalar
 from ledger.signing import raw_id, sign_batch
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+# Reads take any ledger/reads.py Reads (a verifier's, or the append path's own transaction); the append path writes
+# through SQLAlchemy (imported there) or, on SQLite, the driver's cursor.
 
 LEAF_DOMAIN: Final = b"training-ledger/log-leaf/v1\x00"
 _HASHED_LEAF_DOMAIN: Final = b"\x00" + LEAF_DOMAIN  # RFC 9162's leaf prefix, then the leaf bytes' domain
@@ -107,11 +111,11 @@ def node_pos(level: int, idx: int) -> int:
 
 
 class DbNodes:
-    """The ``log_nodes`` table as a :class:`~ledger.merkle.BatchNodeReader`, read through one connection (so a
+    """The ``log_nodes`` table as a :class:`~ledger.merkle.BatchNodeReader`, read through one transaction (so a
     proof and the size it is for come from one snapshot). A missing node is :class:`LogCorrupt`."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    def __init__(self, reads: Reads) -> None:
+        self.source = reads
         self.reads = 0  # nodes fetched, for the O(log n) claims of tests and benchmarks
 
     def node(self, level: int, index: int) -> bytes:
@@ -123,12 +127,8 @@ class DbNodes:
         for i in range(0, len(wanted), _CHUNK):
             chunk = wanted[i:i + _CHUNK]
             by_pos = {node_pos(level, idx): (level, idx) for level, idx in chunk}
-            if self.conn.dialect.name == "sqlite":  # the driver's cursor: the append path reads a frontier each time
-                sql = f"SELECT pos, hash FROM log_nodes WHERE pos IN ({', '.join('?' * len(by_pos))})"
-                with driver_cursor(self.conn, sql) as cur:
-                    rows = cur.execute(sql, tuple(by_pos)).fetchall()
-            else:
-                rows = self.conn.execute(select(LogNodeRow.pos, LogNodeRow.hash).where(LogNodeRow.pos.in_(by_pos)))
+            rows = self.source.all(f"SELECT pos, hash FROM log_nodes WHERE pos IN ({marks(len(by_pos))})",
+                                   tuple(by_pos))
             found.update((by_pos[pos], bytes(h)) for pos, h in rows)
         self.reads += len(wanted)
         missing = [a for a in wanted if a not in found]
@@ -163,19 +163,29 @@ class Fold:
 # ------------------------------------------------------------------------------------------------------- reads
 
 
-def log_size(conn: Connection) -> int:
+def log_size(reads: Reads) -> int:
     """The number of leaves (leaf indexes are contiguous from 0: the largest plus one)."""
-    top = conn.exec_driver_sql("SELECT max(leaf_index) FROM log_leaves").scalar()
+    top = scalar(reads, "SELECT max(leaf_index) FROM log_leaves")
     return 0 if top is None else int(top) + 1
 
 
-def origin(conn: Connection, *, create: bool = False) -> str | None:
-    """The log's checkpoint origin line; with ``create``, a new random one is stored if there is none (a database
-    adopted from ``create_all`` has no row; migration 0004 stores one)."""
-    found = conn.execute(select(LogInfoRow.origin).where(LogInfoRow.id == 1)).scalar()
-    if found is None and create:
+_ORIGIN = "SELECT origin FROM log_info WHERE id = 1"
+
+
+def origin(reads: Reads) -> str | None:
+    """The log's checkpoint origin line (None in a database adopted from ``create_all``: migration 0004 stores
+    one; :func:`create_origin` makes it)."""
+    found = scalar(reads, _ORIGIN)
+    return None if found is None else str(found)
+
+
+def create_origin(conn: Connection) -> str:
+    """The origin, a new random one stored first if there is none, in the caller's write transaction."""
+    driver = DriverReads(conn)
+    found = origin(driver)
+    if found is None:
         found = new_origin()
-        conn.execute(insert(LogInfoRow), {"id": 1, "origin": found})
+        driver.all("INSERT INTO log_info (id, origin) VALUES (1, ?)", (found,))
     return found
 
 
@@ -184,22 +194,21 @@ def new_origin() -> str:
     return ORIGIN_PREFIX + secrets.token_hex(16)
 
 
-def signatures_by_seq(conn: Connection, seqs: Sequence[int]) -> dict[int, tuple[LeafSignature, ...]]:
+def signatures_by_seq(reads: Reads, seqs: Sequence[int]) -> dict[int, tuple[LeafSignature, ...]]:
     """The stored signatures of the receipts at ``seqs`` (receipts without any are absent)."""
     out: dict[int, list[LeafSignature]] = {}
     for i in range(0, len(seqs), _CHUNK):
         chunk = list(seqs[i:i + _CHUNK])
-        stmt = select(SignatureRow.receipt_seq, SignatureRow.key, SignatureRow.signature).where(
-            SignatureRow.receipt_seq.in_(chunk))
-        for seq, key, sig in conn.execute(stmt):
+        for seq, key, sig in reads.all("SELECT receipt_seq, key, signature FROM receipt_signatures "
+                                       f"WHERE receipt_seq IN ({marks(len(chunk))})", chunk):
             out.setdefault(seq, []).append(LeafSignature(key, bytes(sig)))
     return {seq: tuple(sorted(sigs, key=lambda s: s.key.encode())) for seq, sigs in out.items()}
 
 
 # ------------------------------------------------------------------------------------------------------ append
 
-_SIGNED_TOGETHER = text("SELECT r.id FROM receipt_signatures s JOIN receipts r ON r.seq = s.receipt_seq "
-                        "WHERE s.signature = :sig AND s.key = :key ORDER BY s.receipt_seq")
+_SIGNED_TOGETHER = ("SELECT r.id FROM receipt_signatures s JOIN receipts r ON r.seq = s.receipt_seq "
+                    "WHERE s.signature = ? AND s.key = ? ORDER BY s.receipt_seq")
 _SQLITE_LAST_LEAF = "SELECT leaf_index, receipt_seq FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
 _SQLITE_INSERT_SIGNATURES = "INSERT INTO receipt_signatures (receipt_seq, key, signature) VALUES (?, ?, ?)"
 _SQLITE_INSERT_LEAVES = "INSERT INTO log_leaves (leaf_index, receipt_seq) VALUES (?, ?)"
@@ -217,9 +226,9 @@ def sign_ids(signer: Signer, ids: Sequence[str]) -> Mapping[str, tuple[LeafSigna
     return out
 
 
-def signed_together(conn: Connection, key: str, signature: bytes) -> tuple[str, ...]:
+def signed_together(reads: Reads, key: str, signature: bytes) -> tuple[str, ...]:
     """The ids of the receipts stored with ``signature`` by ``key``, in log order: the receipts it must sign."""
-    return tuple(str(rid) for rid, in conn.execute(_SIGNED_TOGETHER, {"key": key, "sig": signature}))
+    return tuple(str(rid) for rid, in reads.all(_SIGNED_TOGETHER, (signature, key)))
 
 
 def append_leaves(conn: Connection, entries: Sequence[LogEntry]) -> int:
@@ -230,10 +239,14 @@ def append_leaves(conn: Connection, entries: Sequence[LogEntry]) -> int:
         # Straight to the driver's cursor, in the caller's transaction: SQLAlchemy's per-statement work cost more
         # than the five statements themselves (benchmarks/log_bench.py).
         with driver_cursor(conn, "append to log_leaves, log_nodes, receipt_signatures") as cur:
-            return _append_sqlite(conn, cur, entries)
+            return _append_sqlite(cur, entries)
+    from sqlalchemy import insert, select
+
+    from ledger.models import LogLeafRow, LogNodeRow, SignatureRow
+
     top = conn.execute(select(LogLeafRow.leaf_index, LogLeafRow.receipt_seq)
                        .order_by(LogLeafRow.leaf_index.desc()).limit(1)).first()
-    size, sig_rows, leaf_rows, node_rows = _leaf_rows(conn, top, entries)
+    size, sig_rows, leaf_rows, node_rows = _leaf_rows(DriverReads(conn), top, entries)
     if sig_rows:
         conn.execute(insert(SignatureRow), [dict(zip(("receipt_seq", "key", "signature"), r, strict=True))
                                             for r in sig_rows])
@@ -243,8 +256,9 @@ def append_leaves(conn: Connection, entries: Sequence[LogEntry]) -> int:
     return size
 
 
-def _append_sqlite(conn: Connection, cur: Any, entries: Sequence[LogEntry]) -> int:
-    size, sig_rows, leaf_rows, node_rows = _leaf_rows(conn, cur.execute(_SQLITE_LAST_LEAF).fetchone(), entries)
+def _append_sqlite(cur: Any, entries: Sequence[LogEntry]) -> int:
+    size, sig_rows, leaf_rows, node_rows = _leaf_rows(CursorReads(cur), cur.execute(_SQLITE_LAST_LEAF).fetchone(),
+                                                      entries)
     for sql, rows in ((_SQLITE_INSERT_SIGNATURES, sig_rows), (_SQLITE_INSERT_LEAVES, leaf_rows),
                       (_SQLITE_INSERT_NODES, node_rows)):
         if rows:
@@ -279,7 +293,7 @@ def _multi_row(sql: str, width: int, count: int) -> str:
 _Rows = tuple[int, list[tuple[int, str, bytes]], list[tuple[int, int]], list[tuple[int, int, int, bytes]]]
 
 
-def _leaf_rows(conn: Connection, top: Any, entries: Sequence[LogEntry]) -> _Rows:
+def _leaf_rows(reads: Reads, top: Any, entries: Sequence[LogEntry]) -> _Rows:
     """The new size and the signature, leaf and node rows for ``entries`` after the last leaf ``top``."""
     size, last = (0, 0) if top is None else (int(top[0]) + 1, int(top[1]))
     if not entries:
@@ -292,7 +306,7 @@ def _leaf_rows(conn: Connection, top: Any, entries: Sequence[LogEntry]) -> _Rows
         previous = e.seq
     # The frontier's hashes, re-read from the stored nodes; then ledger/merkle.py's append loop inlined (the
     # same fold, SHA-256 as the log specifies) without a frozen Frontier and Node objects per leaf.
-    stack = list(merkle.frontier_at(DbNodes(conn), size).hashes)
+    stack = list(merkle.frontier_at(DbNodes(reads), size).hashes)
     sig_rows: list[tuple[int, str, bytes]] = []
     leaf_rows: list[tuple[int, int]] = []
     node_rows: list[tuple[int, int, int, bytes]] = []

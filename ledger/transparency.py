@@ -25,19 +25,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import Connection, insert, select
-
-from ledger import digests, dsse, merkle, note, tlog
+from ledger import digests, merkle, note, tlog
 from ledger.artifacts import ArtifactStore, atomic_write
 from ledger.errors import DigestMismatch, InputError, LookupFailed, UnknownReceipt, VerificationError
-from ledger.models import LogCheckpointRow, LogLeafRow, ReceiptRow
+from ledger.reads import Reads
 from ledger.receipts import Kind, Receipt, make_receipt
 from ledger.rules import KEY_FORMAT, KEY_REVOCATION_FORMAT
 from ledger.signing import ReceiptSignature, generate_key, load_private_key, load_public_key, save_private_key
 from ledger.store import Store, Stored
 from ledger.tlog import LeafSignature, LogCorrupt
+
+if TYPE_CHECKING:
+    from ledger import dsse
 
 ENV_KEYS: Final = "LEDGER_KEYS"
 DEFAULT_KEYS_DIR: Final = Path("~/.config/training-ledger/keys")
@@ -168,11 +169,9 @@ class LoggedKeyReceipt:
 def logged_key_receipts(store: Store) -> list[LoggedKeyReceipt]:
     """Every key receipt of the ledger, registrations and revocations, in log order. Each one's id is recomputed
     from its body first (a body edited to swap the key is a DigestMismatch); one outside the log is NotInLog."""
-    stmt = (select(ReceiptRow.seq, ReceiptRow.id, ReceiptRow.body, LogLeafRow.leaf_index)
-            .outerjoin(LogLeafRow, LogLeafRow.receipt_seq == ReceiptRow.seq)
-            .where(ReceiptRow.kind == Kind.KEY.value).order_by(ReceiptRow.seq))
-    with store.engine.connect() as conn:
-        rows = conn.execute(stmt).all()
+    with store.reading() as reads:
+        rows = reads.all("SELECT r.seq, r.id, r.body, l.leaf_index FROM receipts r LEFT OUTER JOIN log_leaves l "
+                         "ON l.receipt_seq = r.seq WHERE r.kind = ? ORDER BY r.seq", (Kind.KEY.value,))
     out: list[LoggedKeyReceipt] = []
     for seq, rid, body, leaf in sorted(rows, key=lambda r: (r[3] is None, r[3] if r[3] is not None else r[0])):
         body = bytes(body)
@@ -211,26 +210,25 @@ def registered_keys(store: Store) -> dict[str, RegisteredKey]:
 
 def log_origin(store: Store) -> str:
     """The log's origin line (every checkpoint of this ledger and of its copies starts with it)."""
-    with store.engine.connect() as conn:
-        found = tlog.origin(conn)
+    with store.reading() as reads:
+        found = tlog.origin(reads)
     if found is None:  # a database adopted from create_all, never written since: its first append creates it
         with store.engine.execution_options(ledger_write=True).begin() as conn:
-            found = tlog.origin(conn, create=True)
-    assert found is not None
+            found = tlog.create_origin(conn)
     return found
 
 
-def checkpoint_of(conn: Connection, origin: str) -> note.Checkpoint:
-    """The checkpoint of the log as this connection sees it."""
-    size = tlog.log_size(conn)
-    return note.Checkpoint(origin, size, merkle.root_at(tlog.DbNodes(conn), size))
+def checkpoint_of(reads: Reads, origin: str) -> note.Checkpoint:
+    """The checkpoint of the log as this read transaction sees it."""
+    size = tlog.log_size(reads)
+    return note.Checkpoint(origin, size, merkle.root_at(tlog.DbNodes(reads), size))
 
 
 def current_checkpoint(store: Store) -> note.Checkpoint:
     """The checkpoint (origin, size, root) of the ledger as it is now; not signed."""
     origin = log_origin(store)
-    with store.engine.connect() as conn:
-        return checkpoint_of(conn, origin)
+    with store.reading() as reads:
+        return checkpoint_of(reads, origin)
 
 
 def sign_head(store: Store, signer: note.Signer, *, record: bool = True) -> bytes:
@@ -242,6 +240,10 @@ def sign_head(store: Store, signer: note.Signer, *, record: bool = True) -> byte
     checkpoint = current_checkpoint(store)
     signed = note.sign_checkpoint(checkpoint, signer)
     if record and store.readonly is None:
+        from sqlalchemy import insert
+
+        from ledger.models import LogCheckpointRow
+
         with store.engine.execution_options(ledger_write=True).begin() as conn:
             conn.execute(insert(LogCheckpointRow), {"size": checkpoint.size, "root": checkpoint.root,
                                                     "note": signed.decode(), "recorded_ns": time.time_ns()})
@@ -259,8 +261,8 @@ def export_head(store: Store, signer: note.Signer, path: str | os.PathLike[str])
 
 def issued_checkpoints(store: Store) -> list[note.Checkpoint]:
     """The checkpoints this ledger says it issued, oldest first (the operator can edit this: a hint, not proof)."""
-    with store.engine.connect() as conn:
-        rows = conn.execute(select(LogCheckpointRow.note).order_by(LogCheckpointRow.seq)).scalars().all()
+    with store.reading() as reads:
+        rows = [text for text, in reads.all("SELECT note FROM log_checkpoints ORDER BY seq")]
     out = []
     for text in rows:
         try:
@@ -285,34 +287,33 @@ class Inclusion:
         merkle.verify_inclusion(self.leaf_hash, self.leaf_index, self.size, self.proof, root)
 
 
-def leaf_of(conn: Connection, rid: str) -> tuple[int, tlog.LogEntry]:
+def leaf_of(reads: Reads, rid: str) -> tuple[int, tlog.LogEntry]:
     """The leaf index and log entry (id and stored signatures) of receipt ``rid``; NotInLog / UnknownReceipt."""
-    row = conn.execute(select(ReceiptRow.seq, LogLeafRow.leaf_index)
-                       .outerjoin(LogLeafRow, LogLeafRow.receipt_seq == ReceiptRow.seq)
-                       .where(ReceiptRow.id == rid)).first()
-    if row is None:
+    rows = reads.all("SELECT r.seq, l.leaf_index FROM receipts r LEFT OUTER JOIN log_leaves l "
+                     "ON l.receipt_seq = r.seq WHERE r.id = ?", (rid,))
+    if not rows:
         raise UnknownReceipt(rid)
-    seq, leaf = row
+    seq, leaf = rows[0]
     if leaf is None:
         raise NotInLog(rid, seq)
-    sigs = tlog.signatures_by_seq(conn, [seq]).get(seq, ())
+    sigs = tlog.signatures_by_seq(reads, [seq]).get(seq, ())
     return int(leaf), tlog.LogEntry(seq, rid, sigs)
 
 
-def inclusion(conn: Connection, rid: str, size: int) -> Inclusion:
+def inclusion(reads: Reads, rid: str, size: int) -> Inclusion:
     """The inclusion proof of receipt ``rid`` in the tree of ``size`` leaves (ceil(log2 size) node reads at most),
     its leaf hash recomputed from the id and the signatures stored with it."""
-    index, entry = leaf_of(conn, rid)
+    index, entry = leaf_of(reads, rid)
     if index >= size:
         raise LogCorrupt(f"receipt {rid} is leaf {index}, beyond the tree of {size} leaves", expected=f"< {size}",
                          actual=index, receipt=rid)
-    proof = merkle.inclusion_proof(tlog.DbNodes(conn), index, size)
+    proof = merkle.inclusion_proof(tlog.DbNodes(reads), index, size)
     return Inclusion(rid, index, size, tlog.entry_hash(entry), entry.signatures, tuple(proof))
 
 
-def consistency(conn: Connection, size1: int, size2: int) -> list[bytes]:
+def consistency(reads: Reads, size1: int, size2: int) -> list[bytes]:
     """The consistency proof from the tree of ``size1`` leaves to the tree of ``size2`` (O(log size2) node reads)."""
-    return merkle.consistency_proof(tlog.DbNodes(conn), size1, size2)
+    return merkle.consistency_proof(tlog.DbNodes(reads), size1, size2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,31 +331,28 @@ class LoggedRow:
 
 _LOGGED = ("SELECT l.leaf_index, l.receipt_seq, r.id, r.body FROM log_leaves l "
            "LEFT JOIN receipts r ON r.seq = l.receipt_seq "
-           "WHERE l.leaf_index >= :start ORDER BY l.leaf_index LIMIT :n")
-_SIGS_IN_RANGE = ("SELECT receipt_seq, key, signature FROM receipt_signatures "
-                  "WHERE receipt_seq BETWEEN :lo AND :hi")
+           "WHERE l.leaf_index >= ? ORDER BY l.leaf_index LIMIT ?")
+_SIGS_IN_RANGE = "SELECT receipt_seq, key, signature FROM receipt_signatures WHERE receipt_seq BETWEEN ? AND ?"
 # The leaf hashes of a run of leaves: one range of positions (each leaf's nodes sit between it and the next leaf).
-_LEAF_HASHES_IN_RANGE = "SELECT idx, hash FROM log_nodes WHERE pos BETWEEN :lo AND :hi AND level = 0"
+_LEAF_HASHES_IN_RANGE = "SELECT idx, hash FROM log_nodes WHERE pos BETWEEN ? AND ? AND level = 0"
 
 
-def iter_logged(conn: Connection, *, batch: int = 5000, bodies: bool = True) -> Iterator[LoggedRow]:
+def iter_logged(reads: Reads, *, batch: int = 5000, bodies: bool = True) -> Iterator[LoggedRow]:
     """Every leaf in leaf order with its receipt row, signatures and stored leaf hash, streamed in batches from one
-    connection (its snapshot); ``bodies=False`` skips the receipt bodies."""
-    from sqlalchemy import text
-
-    sql = text(_LOGGED if bodies else _LOGGED.replace("r.body", "NULL"))
+    read transaction (its snapshot); ``bodies=False`` skips the receipt bodies."""
+    sql = _LOGGED if bodies else _LOGGED.replace("r.body", "NULL")
     start = 0
     while True:
-        rows = conn.execute(sql, {"start": start, "n": batch}).all()
+        rows = reads.all(sql, (start, batch))
         if not rows:
             return
         seqs = [r[1] for r in rows]
         sigs: dict[int, list[LeafSignature]] = {}
-        for seq, key, sig in conn.execute(text(_SIGS_IN_RANGE), {"lo": min(seqs), "hi": max(seqs)}):
+        for seq, key, sig in reads.all(_SIGS_IN_RANGE, (min(seqs), max(seqs))):
             sigs.setdefault(seq, []).append(LeafSignature(key, bytes(sig)))
         first, last = int(rows[0][0]), int(rows[-1][0])
-        hashes = {int(i): bytes(h) for i, h in conn.execute(text(_LEAF_HASHES_IN_RANGE), {
-            "lo": tlog.node_pos(0, first), "hi": tlog.node_pos(0, last)})}
+        hashes = {int(i): bytes(h) for i, h in reads.all(_LEAF_HASHES_IN_RANGE, (
+            tlog.node_pos(0, first), tlog.node_pos(0, last)))}
         for leaf, seq, rid, body in rows:
             mine = tuple(sorted(sigs.get(seq, ()), key=lambda s: s.key.encode()))
             yield LoggedRow(int(leaf), int(seq), rid, None if body is None else bytes(body), mine,
@@ -362,13 +360,11 @@ def iter_logged(conn: Connection, *, batch: int = 5000, bodies: bool = True) -> 
         start = int(rows[-1][0]) + 1
 
 
-def unlogged_receipts(conn: Connection, limit: int = 1) -> list[tuple[int, str]]:
+def unlogged_receipts(reads: Reads, limit: int = 1) -> list[tuple[int, str]]:
     """(seq, id) of receipts that have no leaf (none, unless rows were written behind the library's back)."""
-    from sqlalchemy import text
-
-    return [(int(s), str(i)) for s, i in conn.execute(text(
+    return [(int(s), str(i)) for s, i in reads.all(
         "SELECT r.seq, r.id FROM receipts r LEFT JOIN log_leaves l ON l.receipt_seq = r.seq "
-        "WHERE l.leaf_index IS NULL ORDER BY r.seq LIMIT :n"), {"n": limit})]
+        "WHERE l.leaf_index IS NULL ORDER BY r.seq LIMIT ?", (limit,))]
 
 
 # --------------------------------------------------------------------------------------------------- main job
@@ -406,11 +402,13 @@ def attestation_statement(store: Store, artifacts: ArtifactStore, ref: str, sign
     attested), each with ``sha256`` and ``blake3``; the predicate holds the receipt, its signatures (a batch
     signature with the ids it signs) and its inclusion proof against a checkpoint signed now by ``signer``
     (docs/transparency.md, "Attestations")."""
+    from ledger import dsse
+
     stored = store.get(ref)
     receipt = stored.receipt
     head = sign_head(store, signer)
     checkpoint = note.parse_checkpoint(note.parse_note(head).text)
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         proof = inclusion(conn, receipt.id, checkpoint.size)
         # signing.py's encoding of each (a batch signature with the ids it signs: an offline verifier needs them)
         signatures = [{k: v for k, v in ReceiptSignature(receipt.id, s.key, s.signature, tlog.signed_together(
@@ -458,6 +456,8 @@ def _artifact_file(store: Store, artifacts: ArtifactStore, rid: str, name: str, 
 
 def export_attestation(store: Store, artifacts: ArtifactStore, ref: str, signer: note.Signer) -> dsse.Envelope:
     """:func:`attestation_statement` in a DSSE envelope signed by ``signer`` (keyid: its label)."""
+    from ledger import dsse
+
     if signer.alg != note.ALG_ED25519:
         raise InputError(f"key {signer.name} is a witness key: attestations are signed with an operator key")
     stmt = attestation_statement(store, artifacts, ref, signer)

@@ -33,7 +33,6 @@ from ledger.state import CheckpointState, StateCache, prefetch_states, recompute
 from ledger.store import ArtifactRef, ParentEdge, Store, StoredRow
 from verify.checks import checks_for
 from verify.context import KindCheckContext, Memo, ModelRunner
-from verify.report_page import start_rendering
 
 ArtifactStatus = Literal["verified", "missing"]
 
@@ -274,6 +273,8 @@ class Verifier:
                 except Exception:  # noqa: BLE001 - not verified yet: verification meets it in its turn
                     continue
                 if parent.kind == "audit":
+                    from verify.report_page import start_rendering  # matplotlib's caller, only for a page
+
                     start_rendering(self.store, self.artifacts, r, parent, self._memo)
                     break
 

@@ -36,12 +36,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import Connection, select, text
-
-from ledger import digests, dsse, merkle, note, tlog
+from ledger import digests, merkle, note, tlog
 from ledger.artifacts import ArtifactStore, atomic_write
 from ledger.errors import DigestMismatch, VerificationError
-from ledger.models import ReceiptRow
+from ledger.reads import Reads, marks, scalar
 from ledger.receipts import Receipt
 from ledger.revocation import Revocation, all_revocations
 from ledger.signing import ReceiptSignature, verify_receipt_signature
@@ -230,7 +228,7 @@ class _Signatures:
     """Checks stored signatures, each once: a batch signature (ledger/signing.py) signs the receipts the ledger
     stores it with, read through ``conn`` (tlog.signed_together) and verified the first time one of them is met."""
 
-    def __init__(self, conn: Connection, keys: Mapping[str, RegisteredKey], revoked: Mapping[str, Revocation]) -> None:
+    def __init__(self, conn: Reads, keys: Mapping[str, RegisteredKey], revoked: Mapping[str, Revocation]) -> None:
         self.conn, self.keys, self.revoked = conn, keys, revoked
         self._signs: dict[tuple[str, bytes], frozenset[str]] = {}  # verified signature -> the ids it signs
 
@@ -288,7 +286,7 @@ def checked_revocations(store: Store, keys: Mapping[str, RegisteredKey] | None =
     revoked: dict[str, Revocation] = {}
     for r in every:
         revoked.setdefault(r.label, r)  # the first in log order is when the key stops counting
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         signatures = _Signatures(conn, keys, revoked)
         for r in every:
             if not r.signatures:
@@ -312,7 +310,7 @@ def check_signatures(store: Store, receipts: Iterable[str] | None = None, *, req
     keys = registered_keys(store)
     revoked = checked_revocations(store, keys)
     report = SignatureReport(keys=keys, revoked=revoked)
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         signatures = _Signatures(conn, keys, revoked)
         if receipts is None:
             for row in iter_logged(conn, bodies=False):
@@ -332,12 +330,12 @@ def check_signatures(store: Store, receipts: Iterable[str] | None = None, *, req
     return report
 
 
-def _stored_leaf(conn: Connection, index: int) -> bytes | None:
-    found = conn.execute(text("SELECT hash FROM log_nodes WHERE pos = :p"), {"p": tlog.node_pos(0, index)}).scalar()
+def _stored_leaf(conn: Reads, index: int) -> bytes | None:
+    found = scalar(conn, "SELECT hash FROM log_nodes WHERE pos = ?", (tlog.node_pos(0, index),))
     return None if found is None else bytes(found)
 
 
-def _check_stored_leaf(conn: Connection, rid: str, index: int, seq: int, entry: tlog.LogEntry,
+def _check_stored_leaf(conn: Reads, rid: str, index: int, seq: int, entry: tlog.LogEntry,
                        stored: bytes | None) -> bytes:
     """The receipt's recomputed leaf hash, which must be the one stored at its leaf (else rewritten or reordered)."""
     actual = tlog.entry_hash(entry)
@@ -347,8 +345,7 @@ def _check_stored_leaf(conn: Connection, rid: str, index: int, seq: int, entry: 
         raise LogCorrupt(f"leaf {index} (receipt {rid}) has no hash in log_nodes", receipt=rid,
                          expected="a stored leaf hash", actual=None)
     if actual != stored:
-        found = conn.execute(text("SELECT idx FROM log_nodes WHERE level = 0 AND hash = :h LIMIT 1"),
-                             {"h": actual}).scalar()
+        found = scalar(conn, "SELECT idx FROM log_nodes WHERE level = 0 AND hash = ? LIMIT 1", (actual,))
         if found is not None and int(found) != index:
             raise LogReordered(rid, f"is at leaf {index}, but the log recorded it at leaf {found}",
                                expected=int(found), actual=index)
@@ -412,7 +409,7 @@ def verify_head(store: Store, head: bytes | str, *, trusted: Iterable[note.Verif
     cp = vc.checkpoint
     _not_revoked_for(checked_revocations(store, registered), [vc.log_signature.label], cp.size, f"log head of size "
                      f"{cp.size}", "which the head includes")
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         origin = tlog.origin(conn)
         if origin != cp.origin:
             raise LogOriginMismatch(expected=cp.origin, actual=str(origin))
@@ -446,14 +443,14 @@ def _not_revoked_for(revoked: Mapping[str, Revocation], labels: Iterable[str], s
             raise KeyRevoked(what, label, r, after=after)
 
 
-def _short(conn: Connection, size: int, cp: note.Checkpoint) -> VerificationError:
+def _short(conn: Reads, size: int, cp: note.Checkpoint) -> VerificationError:
     """Why a ledger is smaller than the head: truncated if it shows it once held more (leaf hashes left beyond its
     size, or its own record of a larger checkpoint), else an older copy restored."""
     traces = []
-    top = conn.execute(text("SELECT max(idx) FROM log_nodes WHERE level = 0")).scalar()
+    top = scalar(conn, "SELECT max(idx) FROM log_nodes WHERE level = 0")
     if top is not None and int(top) >= size:
         traces.append(f"log_nodes still holds leaf hashes up to leaf {int(top)}")
-    issued = conn.execute(text("SELECT max(size) FROM log_checkpoints")).scalar()
+    issued = scalar(conn, "SELECT max(size) FROM log_checkpoints")
     if issued is not None and int(issued) > size:
         traces.append(f"it issued a checkpoint of size {int(issued)} itself")
     if traces:
@@ -461,18 +458,17 @@ def _short(conn: Connection, size: int, cp: note.Checkpoint) -> VerificationErro
     return OlderLedger(expected=cp.size, actual=size)
 
 
-def _diverged(conn: Connection, cp: note.Checkpoint) -> VerificationError:
+def _diverged(conn: Reads, cp: note.Checkpoint) -> VerificationError:
     """The stored tree's first ``cp.size`` leaves are not the head's. If the ledger recorded issuing this very
     head, its history changed since (rewritten, log rebuilt); otherwise another ledger issued it (a fork)."""
     actual = merkle.root_at(tlog.DbNodes(conn), cp.size)
-    issued = conn.execute(text("SELECT count(*) FROM log_checkpoints WHERE size = :s AND root = :r"),
-                          {"s": cp.size, "r": cp.root}).scalar()
+    issued = scalar(conn, "SELECT count(*) FROM log_checkpoints WHERE size = ? AND root = ?", (cp.size, cp.root))
     if issued:
         return LogRebuilt(size=cp.size, expected=cp.root, actual=actual)
     return LogForked(size=cp.size, expected=cp.root, actual=actual)
 
 
-def _refold(conn: Connection, cp: note.Checkpoint, size: int, root: bytes) -> tuple[int, int]:
+def _refold(conn: Reads, cp: note.Checkpoint, size: int, root: bytes) -> tuple[int, int]:
     """Every leaf recomputed from the receipt rows (ids re-hashed from the bodies) in leaf order and folded into the
     tree again: its root at the head's size must be the head's, and at the ledger's size the stored one."""
     fold = tlog.Fold()
@@ -523,7 +519,7 @@ def _refold(conn: Connection, cp: note.Checkpoint, size: int, root: bytes) -> tu
     return size, size - cp.size
 
 
-def _included(conn: Connection, cp: note.Checkpoint, size: int, root: bytes, receipts: Sequence[str]
+def _included(conn: Reads, cp: note.Checkpoint, size: int, root: bytes, receipts: Sequence[str]
               ) -> tuple[int, int]:
     """An inclusion proof per receipt (its leaf recomputed): in the head if it was logged before it, else in the
     current tree, which the consistency proof ties to the head. A child logged before its parent is reordered."""
@@ -540,7 +536,9 @@ def _included(conn: Connection, cp: note.Checkpoint, size: int, root: bytes, rec
             raise LogCorrupt(f"receipt {rid} matches its stored leaf {index} but is not included: {exc.detail}",
                              receipt=rid, expected=exc.expected, actual=exc.actual) from None
         since += index >= cp.size
-    bodies = conn.execute(select(ReceiptRow.id, ReceiptRow.body).where(ReceiptRow.id.in_(list(index_of)))).all()
+    listed = list(index_of)
+    bodies = [row for i in range(0, len(listed), 500) for row in conn.all(
+        f"SELECT id, body FROM receipts WHERE id IN ({marks(len(listed[i:i + 500]))})", listed[i:i + 500])]
     for rid, body in bodies:
         for parent in Receipt.from_bytes(bytes(body)).parents:
             if parent in index_of and index_of[parent] > index_of[rid]:
@@ -641,13 +639,13 @@ def _log_key_not_revoked(store: Store, origin: str, cp: note.Checkpoint, key: no
     key not revoked before it) and proved to be in the checkpoint's own tree: a ledger cannot make a witness refuse
     a head with a revocation the head does not commit to. A ledger of another origin, or too small to hold the
     checkpoint's tree, says nothing about it."""
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         if tlog.origin(conn) != origin or tlog.log_size(conn) < cp.size:
             return
     revoked = checked_revocations(store).get(key.label)
     if revoked is None or revoked.leaf_index >= cp.size:
         return
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         proof = inclusion(conn, revoked.receipt, cp.size)
     try:
         proof.verify(cp.root)
@@ -663,7 +661,7 @@ def _witness_proof(store: Store | None, origin: str, size1: int, size2: int) -> 
     if store is None:
         raise WitnessRefused(origin, f"no consistency proof from size {size1} to {size2}: give the ledger (--db) "
                              f"to compute one from", expected="a consistency proof", actual=None)
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         have = tlog.origin(conn)
         if have != origin:
             raise WitnessRefused(origin, f"the ledger given is another log ({have})", expected=origin, actual=have)
@@ -731,6 +729,8 @@ def verify_attestation(data: bytes | str, trusted: Iterable[note.Verifier], *,
     signature rejects it whatever its subjects), then the statement, the receipt recomputing to its id, the
     subjects against the receipt (and the local bytes, where ``artifacts`` holds them), the receipt's signatures,
     the checkpoint's signature and the inclusion proof."""
+    from ledger import dsse
+
     keys = [v for v in trusted if v.alg == note.ALG_ED25519]
     env = dsse.Envelope.from_json(data)
     public = {v.label: note.ed25519_public_key(v.public_key) for v in keys}

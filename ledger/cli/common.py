@@ -69,9 +69,8 @@ class ErrorMappingGroup(TyperGroup):
             typer.echo("ledger: error: input nested too deeply to read", err=True)
             raise typer.Exit(EXIT_USAGE) from None
         except Exception as exc:
-            from sqlalchemy.exc import SQLAlchemyError
-
-            if isinstance(exc, SQLAlchemyError) and not os.environ.get(ENV_DEBUG):
+            sa = sys.modules.get("sqlalchemy.exc")  # not imported: nothing raised can be SQLAlchemy's
+            if sa is not None and isinstance(exc, sa.SQLAlchemyError) and not os.environ.get(ENV_DEBUG):
                 typer.echo(f"ledger: error: database: {_first_line(exc)}", err=True)
                 raise typer.Exit(EXIT_DATABASE) from None
             raise

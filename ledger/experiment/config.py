@@ -16,37 +16,18 @@ from __future__ import annotations
 import dataclasses
 import tomllib
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, TypeVar
 
 from ledger import digests
 from ledger.errors import InputError
+from ledger.experiment.arms import ARMS as ARMS  # the arms' own module; re-exported for the runners
+from ledger.experiment.arms import Arm as Arm
 
 CONFIG_FORMAT: Final = "ledger-experiment-config"
 CONFIG_VERSION: Final = 1
 
-
-@dataclass(frozen=True)
-class Arm:
-    """A training arm: its name, its world size, and how its ranks synchronize (experiment policy that the chain
-    rules and the verifier read from here, never from literal arm names)."""
-
-    name: str
-    world: int
-    sync: Literal["none", "every-step", "diloco"]
-
-    @property
-    def identical_replicas(self) -> bool:
-        """Every rank ends with the same weights: a single rank trivially, DDP by averaging every step."""
-        return self.sync != "diloco"
-
-
-# The three arms, in the order the experiment runs and reports them.
-ARMS: Final[Mapping[str, Arm]] = MappingProxyType({a.name: a for a in (
-    Arm("single", 1, "none"), Arm("ddp-four", 4, "every-step"), Arm("diloco-four", 4, "diloco"))})
 
 
 def single_rank_arm() -> str:

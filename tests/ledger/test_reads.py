@@ -197,3 +197,13 @@ def test_ledger_show_reads_sqlite_without_sqlalchemy(ledger: tuple[Path, list[Re
     table, modules = _show("show", r.id, "--db", str(db))
     assert table.startswith("note receipt") and r.id[:40] in table
     assert not {m for m in modules if m.startswith("sqlalchemy")}
+
+
+def test_ledger_verify_of_a_receipt_imports_no_sqlalchemy(ledger: tuple[Path, list[Receipt]]) -> None:
+    """`ledger verify ID` on a ledger file: the receipt recomputed, its signatures and log leaf checked, all through
+    the standard library's sqlite3 (and the kinds' checks it does not need are not imported)."""
+    db, receipts = ledger
+    text, modules = _show("verify", receipts[5].id, "--db", str(db))
+    assert text.startswith(f"OK {receipts[5].id}: 1 receipt(s) recomputed and chained")
+    assert not {m for m in modules if m.startswith("sqlalchemy")}
+    assert "verify.evaluation" not in modules and "verify.serving_receipts" not in modules

@@ -45,9 +45,9 @@ def stored_leaves(store: Store) -> list[tuple[int, int, str]]:
 
 def expected_root(store: Store) -> bytes:
     """The root by the RFC's recursive definition, from every receipt's leaf recomputed in seq order."""
-    with store.engine.connect() as conn:
-        rows = conn.execute(text("SELECT seq, id FROM receipts ORDER BY seq")).all()
-        sigs = tlog.signatures_by_seq(conn, [s for s, _ in rows])
+    with store.reading() as reads:
+        rows = reads.all("SELECT seq, id FROM receipts ORDER BY seq")
+        sigs = tlog.signatures_by_seq(reads, [s for s, _ in rows])
     return merkle.root_from_leaves([tlog.leaf_hash(rid, sigs.get(seq, ())) for seq, rid in rows])
 
 
@@ -134,7 +134,7 @@ def test_signed_appends_store_the_signature_beside_the_receipt(store: Store, mak
     chain = make_chain()
     stored = store.append_many(chain.receipts(), signer=signer)
     body_before = [s.receipt.body for s in stored]
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         sigs = tlog.signatures_by_seq(conn, [s.seq for s in stored])
     ids = [s.receipt.id for s in sorted(stored, key=lambda s: s.seq)]
     for s in stored:
@@ -143,7 +143,7 @@ def test_signed_appends_store_the_signature_beside_the_receipt(store: Store, mak
         # one signature for the batch, over ledger/signing.py's batch message of the ids in log order
         note.Verifier(signer.name, signer.verifier.public_key).verify(batch_message(ids), sig.signature)
     alone = store.append(note_receipt(99), signer=signer)
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         (sig,) = tlog.signatures_by_seq(conn, [alone.seq])[alone.seq]
     # a receipt appended alone: the 69-byte message
     note.Verifier(signer.name, signer.verifier.public_key).verify(receipt_message(alone.receipt.id), sig.signature)
@@ -152,7 +152,7 @@ def test_signed_appends_store_the_signature_beside_the_receipt(store: Store, mak
     # an already stored receipt keeps the signatures it was logged with
     other = generate_key("other")
     store.append(chain.prepare, signer=other)
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         assert [s.key for s in tlog.signatures_by_seq(conn, [stored[0].seq])[stored[0].seq]] == [signer.verifier.label]
 
 
@@ -166,7 +166,7 @@ def test_a_default_signer_from_open_or_the_environment(tmp_path: Path, monkeypat
     with Store.open(path) as store:
         assert store.signer is not None and store.signer.key() == signer.key()
         second = store.append(note_receipt(2))
-        with store.engine.connect() as conn:
+        with store.reading() as conn:
             sigs = tlog.signatures_by_seq(conn, [first.seq, second.seq])
     assert set(sigs) == {first.seq, second.seq}
     key_file.chmod(0o644)  # an exposed key file is refused, as for every key file
@@ -185,7 +185,7 @@ def test_proofs_read_o_log_n_nodes_and_verify(store: Store) -> None:
         prev = [store.append(note_receipt(1000 + i, prev[:1])).receipt]
     cp = tp.current_checkpoint(store)
     n = cp.size
-    with store.engine.connect() as conn:
+    with store.reading() as conn:
         for r in (batch[0], batch[150], prev[0]):
             included = tp.inclusion(conn, r.id, n)
             assert len(included.proof) <= (n - 1).bit_length()
@@ -315,8 +315,8 @@ def test_the_appended_leaf_hashes_are_leaf_hash(ledger_db: Path) -> None:
     with Store.open(ledger_db) as store:
         stored = store.append_many(receipts, check=False)
         entries = [tlog.LogEntry(s.seq, s.receipt.id, sig) for s, sig in zip(stored, sigs, strict=True)]
-        with store.engine.connect() as conn:
-            _, _, _, nodes = tlog._leaf_rows(conn, None, entries)
+        with store.reading() as reads:
+            _, _, _, nodes = tlog._leaf_rows(reads, None, entries)
     leaves = [h for _, level, _, h in nodes if level == 0]
     assert leaves == [tlog.leaf_hash(e.receipt, e.signatures) for e in entries]
 

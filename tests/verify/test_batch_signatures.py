@@ -173,6 +173,6 @@ def test_batch_signatures_on_both_backends(ledger_url: str) -> None:
         report = vt.check_signatures(store, require=True)
         assert report.signed == {signer.verifier.label: 31}
         assert vt.check_signatures(store, [ids[13]], require=True).checked == 1
-        with store.engine.connect() as conn:
+        with store.reading() as conn:
             (sig,) = tp.leaf_of(conn, ids[13])[1].signatures
             assert tlog.signed_together(conn, sig.key, sig.signature) == tuple(ids)

@@ -22,6 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ledger import digests, note, tlog
+from ledger.reads import DriverReads
 from ledger import transparency as tp
 from ledger.cli import app
 from ledger.errors import VerificationError
@@ -176,7 +177,7 @@ def rebuild(db: Path) -> None:
     with Store.open(db) as store, store.engine.begin() as conn:
         entries = [tlog.LogEntry(seq, rid) for seq, rid in conn.exec_driver_sql(
             "SELECT seq, id FROM receipts ORDER BY seq")]
-        sigs = tlog.signatures_by_seq(conn, [e.seq for e in entries])
+        sigs = tlog.signatures_by_seq(DriverReads(conn), [e.seq for e in entries])
         for table in ("log_leaves", "log_nodes", "receipt_signatures"):
             conn.exec_driver_sql(f"DELETE FROM {table}")
         tlog.append_leaves(conn, [e._replace(signatures=sigs.get(e.seq, ())) for e in entries])
