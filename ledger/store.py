@@ -1,4 +1,8 @@
-"""The append-only ledger store: SQLAlchemy 2 over SQLite (WAL) by default, any SQLAlchemy URL otherwise.
+"""The append-only ledger store: SQLite (WAL) by default, any SQLAlchemy URL otherwise.
+
+Writes go through SQLAlchemy 2, imported at the first write. Reads are plain SQL through the database driver
+(ledger/reads.py): on an SQLite ledger file the standard library's ``sqlite3``, so a command that only reads never
+imports SQLAlchemy; elsewhere the driver under a SQLAlchemy connection.
 
 Writers take the database write lock up front (SQLite ``BEGIN IMMEDIATE``) so several processes appending at once
 neither fork chains nor fail with "database is locked"; readers use plain deferred transactions. The library
