@@ -22,10 +22,10 @@ import pytest
 from typer.testing import CliRunner
 
 from ledger import digests, note, tlog
-from ledger.reads import DriverReads
 from ledger import transparency as tp
 from ledger.cli import app
 from ledger.errors import VerificationError
+from ledger.reads import DriverReads
 from ledger.receipts import Receipt, make_receipt
 from ledger.signing import generate_key, sign_receipt
 from ledger.store import Store
