@@ -176,3 +176,10 @@ def test_batch_signatures_on_both_backends(ledger_url: str) -> None:
         with store.reading() as conn:
             (sig,) = tp.leaf_of(conn, ids[13])[1].signatures
             assert tlog.signed_together(conn, sig.key, sig.signature) == tuple(ids)
+        # a head, then more receipts: the log's reads (proofs, leaves, the issued heads) through the same driver SQL
+        head = tp.sign_head(store, signer)
+        later = store.append(make_receipt("note", measurements={"after": "the head"}))
+        proved = vt.verify_head(store, head, trusted=[signer.verifier])
+        assert (proved.checkpoint.size, proved.ledger_size, proved.included, proved.appended_since) == (31, 32, 32, 1)
+        assert vt.verify_head(store, head, trusted=[signer.verifier], receipts=[later.receipt.id]).included == 1
+        assert tp.issued_checkpoints(store)[-1].size == 31
