@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ledger.errors import ChainBroken
-from ledger.kinds import KINDS
+from ledger.kinds import spec
 from ledger.receipts import Kind, Receipt
 from ledger.rules import broken
 
@@ -36,7 +36,7 @@ def check_receipt(receipt: Receipt, parents: Parents) -> None:
             if p.selection is not None and receipt.selection is not None and p.selection != receipt.selection:
                 raise broken(receipt, f"parent {p.id} has another selection digest", field="selection",
                               expected=p.selection, actual=receipt.selection)
-    KINDS[Kind(receipt.kind)].rule(receipt, cited)
+    spec(receipt.kind).rule(receipt, cited)
 
 
 def topological(receipts: Iterable[Receipt]) -> list[Receipt]:

@@ -188,6 +188,10 @@ KINDS: Final[Mapping[Kind, KindSpec]] = MappingProxyType({
 })
 
 
+_BY_NAME: Final[Mapping[str, KindSpec]] = {kind.value: row for kind, row in KINDS.items()}
+
+
 def spec(kind: str) -> KindSpec:
     """The row of ``kind`` (a receipt's kind is validated at parse time, so this never misses for a receipt)."""
-    return KINDS[Kind(kind)]
+    found = _BY_NAME.get(kind)  # a plain dict of the kinds' names: Kind(kind) costs half a microsecond per receipt
+    return found if found is not None else KINDS[Kind(kind)]
