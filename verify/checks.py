@@ -41,6 +41,9 @@ def _check(module: str, name: str) -> KindCheck:
 
 
 def resolve(module: str, name: str) -> KindCheck:
+    """The check ``name`` of ``verify.<module>``: always one of verify's own modules, so the layers' import contracts
+    (which see these imports only through the modules themselves) still hold; tests/verify/test_checks.py resolves
+    every entry of the table."""
     found: KindCheck = getattr(importlib.import_module(f"verify.{module}"), name)
     return found
 
