@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -257,17 +257,29 @@ def check_revision(url: str, current: str | None) -> None:
 
 @contextmanager
 def driver_cursor(conn: Connection, what: str) -> Iterator[Any]:
-    """The DBAPI cursor of ``conn``'s SQLite connection (inside its transaction), its errors raised as SQLAlchemy's
+    """The DBAPI cursor of ``conn``'s connection (inside its transaction), its errors raised as SQLAlchemy's
     (IntegrityError, OperationalError...): the store's retries and typed errors expect those. For the hot paths
-    where SQLAlchemy's per-statement and per-row work costs more than SQLite's (the log's appends, rows by id)."""
-    import sqlite3
-
+    where SQLAlchemy's per-statement and per-row work costs more than the database's (the log's appends on SQLite,
+    bulk rows through PostgreSQL's COPY: :func:`copy_rows`)."""
     from sqlalchemy.exc import DBAPIError
 
+    error = conn.dialect.loaded_dbapi.Error  # sqlite3.Error, psycopg.Error
     cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
         yield cur
-    except sqlite3.Error as exc:
-        raise DBAPIError.instance(what, None, exc, sqlite3.Error) from exc
+    except error as exc:
+        raise DBAPIError.instance(what, None, exc, error) from exc
     finally:
         cur.close()
+
+
+def copy_rows(conn: Connection, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Insert ``rows`` into ``table`` in the caller's PostgreSQL transaction with one ``COPY ... FROM STDIN``: an
+    executemany sends a statement per row, which the server runs one at a time (about 50 us a row here), where a
+    COPY streams them all (benchmarks/README.md, ledger_bench)."""
+    if not rows:
+        return
+    with driver_cursor(conn, f"COPY into {table}") as cur, cur.copy(
+            f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)

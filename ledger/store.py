@@ -30,6 +30,7 @@ from ledger.database import (
     SCHEMA_HEAD,
     check_revision,
     check_sqlite_file,
+    copy_rows,
     display_url,
     failure,
     is_readonly_url,
@@ -139,12 +140,9 @@ def _write_statements() -> dict[str, Any]:
     statement per call costs more than running it."""
     from sqlalchemy import insert
 
-    from ledger.models import ArtifactRow, ParentRow, ReceiptRow
+    from ledger.models import ReceiptRow
 
-    return {"receipts": insert(ReceiptRow),
-            # A batch learns its seqs from the insert itself (RETURNING), not from a second query.
-            "receipts_returning": insert(ReceiptRow).returning(ReceiptRow.id, ReceiptRow.seq),
-            "parents": insert(ParentRow), "artifacts": insert(ArtifactRow)}
+    return {"receipts": insert(ReceiptRow)}
 
 
 # The columns _insert fills, in the order of its tuples (seq is assigned by the database or by _insert).
@@ -158,6 +156,8 @@ def _sqlite_insert(table: str, columns: Sequence[str]) -> str:
 
 
 _SQLITE_TOP_SEQ = "SELECT coalesce(max(seq), 0) FROM receipts"
+# PostgreSQL: n values of the receipts' sequence, taken under the write lock (so in commit order across writers).
+_NEXT_SEQS = "SELECT nextval(pg_get_serial_sequence('receipts', 'seq')) FROM generate_series(1, ?)"
 _SQLITE_INSERT_RECEIPTS = _sqlite_insert("receipts", ("seq", *_RECEIPT_COLUMNS))
 _SQLITE_INSERT_PARENTS = _sqlite_insert("receipt_parents", _PARENT_COLUMNS)
 _SQLITE_INSERT_ARTIFACTS = _sqlite_insert("receipt_artifacts", _ARTIFACT_COLUMNS)
@@ -173,7 +173,9 @@ def _insert(conn: Connection, new: list[Receipt], now: int, seq_of: dict[str, in
     handling cost more than SQLite's own work, benchmarks/README.md), and the seqs are assigned here: the writer
     holds the write lock from its first statement (BEGIN IMMEDIATE), so max(seq) cannot move under it. Were the
     lock ever missing, a clash would be an IntegrityError or a busy snapshot, both retried by append_many.
-    Elsewhere (PostgreSQL) the database's sequence assigns them and the insert returns them.
+    Elsewhere (PostgreSQL) the database's sequence assigns them: a single insert returns its seq; a batch takes its
+    seqs from the sequence under the write lock and goes in, with its edge and artifact rows, by COPY
+    (ledger.database.copy_rows: a statement per row cost the server about 50 us a row).
     """
     sqlite = conn.dialect.name == "sqlite"
     if sqlite:
@@ -183,28 +185,32 @@ def _insert(conn: Connection, new: list[Receipt], now: int, seq_of: dict[str, in
         conn.exec_driver_sql(_SQLITE_INSERT_RECEIPTS, rows)
         new_seqs = {row[1]: row[0] for row in rows}
     else:
-        stmts = _write_statements()
-        values = [dict(zip(_RECEIPT_COLUMNS, (r.id, r.kind, r.run, r.rank, r.step, r.prepared, r.selection, r.body,
-                                              now), strict=True)) for r in new]
-        if len(values) == 1:  # the common single append: its seq comes back with the insert
-            key = conn.execute(stmts["receipts"], values[0]).inserted_primary_key
+        if len(new) == 1:  # the common single append: its seq comes back with the insert
+            r = new[0]
+            key = conn.execute(_write_statements()["receipts"], dict(zip(_RECEIPT_COLUMNS, (
+                r.id, r.kind, r.run, r.rank, r.step, r.prepared, r.selection, r.body, now), strict=True))
+            ).inserted_primary_key
             assert key is not None  # SQLAlchemy reports the key of a single-row insert on every backend
             new_seqs = {new[0].id: key[0]}
-        else:
-            new_seqs = {rid: seq for rid, seq in conn.execute(stmts["receipts_returning"], values)}
+        else:  # seqs from the sequence, then one COPY (an INSERT of many rows costs psycopg 70 us a row to parse)
+            seqs = sorted(seq for seq, in DriverReads(conn).all(_NEXT_SEQS, (len(new),)))
+            copy_rows(conn, "receipts", ("seq", *_RECEIPT_COLUMNS),
+                      [(seq, r.id, r.kind, r.run, r.rank, r.step, r.prepared, r.selection, r.body, now)
+                       for seq, r in zip(seqs, new, strict=True)])
+            new_seqs = {r.id: seq for seq, r in zip(seqs, new, strict=True)}
     seq_of.update(new_seqs)
     edges = [(new_seqs[r.id], seq_of[p]) for r in new for p in r.parents]
     arts = [(new_seqs[r.id], name, digest) for r in new for name, digest in r.artifacts.items()]
-    for sql, stmt, columns, index_rows in (
-        (_SQLITE_INSERT_PARENTS, "parents", _PARENT_COLUMNS, edges),
-        (_SQLITE_INSERT_ARTIFACTS, "artifacts", _ARTIFACT_COLUMNS, arts),
+    for sql, table, columns, index_rows in (
+        (_SQLITE_INSERT_PARENTS, "receipt_parents", _PARENT_COLUMNS, edges),
+        (_SQLITE_INSERT_ARTIFACTS, "receipt_artifacts", _ARTIFACT_COLUMNS, arts),
     ):
         if not index_rows:
             continue
         if sqlite:
             conn.exec_driver_sql(sql, index_rows)
         else:
-            conn.execute(_write_statements()[stmt], [dict(zip(columns, row, strict=True)) for row in index_rows])
+            copy_rows(conn, table, columns, index_rows)
     return new_seqs
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from ledger import merkle
-from ledger.database import driver_cursor
+from ledger.database import copy_rows, driver_cursor
 from ledger.errors import VerificationError
 from ledger.note import Signer
 from ledger.reads import CursorReads, DriverReads, Reads, marks, scalar
@@ -209,7 +209,7 @@ def signatures_by_seq(reads: Reads, seqs: Sequence[int]) -> dict[int, tuple[Leaf
 
 _SIGNED_TOGETHER = ("SELECT r.id FROM receipt_signatures s JOIN receipts r ON r.seq = s.receipt_seq "
                     "WHERE s.signature = ? AND s.key = ? ORDER BY s.receipt_seq")
-_SQLITE_LAST_LEAF = "SELECT leaf_index, receipt_seq FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
+_LAST_LEAF = "SELECT leaf_index, receipt_seq FROM log_leaves ORDER BY leaf_index DESC LIMIT 1"
 _SQLITE_INSERT_SIGNATURES = "INSERT INTO receipt_signatures (receipt_seq, key, signature) VALUES (?, ?, ?)"
 _SQLITE_INSERT_LEAVES = "INSERT INTO log_leaves (leaf_index, receipt_seq) VALUES (?, ?)"
 _SQLITE_INSERT_NODES = "INSERT INTO log_nodes (pos, level, idx, hash) VALUES (?, ?, ?, ?)"
@@ -240,24 +240,18 @@ def append_leaves(conn: Connection, entries: Sequence[LogEntry]) -> int:
         # than the five statements themselves (benchmarks/log_bench.py).
         with driver_cursor(conn, "append to log_leaves, log_nodes, receipt_signatures") as cur:
             return _append_sqlite(cur, entries)
-    from sqlalchemy import insert, select
-
-    from ledger.models import LogLeafRow, LogNodeRow, SignatureRow
-
-    top = conn.execute(select(LogLeafRow.leaf_index, LogLeafRow.receipt_seq)
-                       .order_by(LogLeafRow.leaf_index.desc()).limit(1)).first()
-    size, sig_rows, leaf_rows, node_rows = _leaf_rows(DriverReads(conn), top, entries)
-    if sig_rows:
-        conn.execute(insert(SignatureRow), [dict(zip(("receipt_seq", "key", "signature"), r, strict=True))
-                                            for r in sig_rows])
-    if leaf_rows:
-        conn.execute(insert(LogLeafRow), [{"leaf_index": i, "receipt_seq": s} for i, s in leaf_rows])
-        conn.execute(insert(LogNodeRow), [{"pos": p, "level": lv, "idx": ix, "hash": h} for p, lv, ix, h in node_rows])
+    # Elsewhere (PostgreSQL) the rows go in by COPY, in the caller's transaction (ledger.database.copy_rows).
+    reads = DriverReads(conn)
+    top = reads.all(_LAST_LEAF)
+    size, sig_rows, leaf_rows, node_rows = _leaf_rows(reads, top[0] if top else None, entries)
+    copy_rows(conn, "receipt_signatures", ("receipt_seq", "key", "signature"), sig_rows)
+    copy_rows(conn, "log_leaves", ("leaf_index", "receipt_seq"), leaf_rows)
+    copy_rows(conn, "log_nodes", ("pos", "level", "idx", "hash"), node_rows)
     return size
 
 
 def _append_sqlite(cur: Any, entries: Sequence[LogEntry]) -> int:
-    size, sig_rows, leaf_rows, node_rows = _leaf_rows(CursorReads(cur), cur.execute(_SQLITE_LAST_LEAF).fetchone(),
+    size, sig_rows, leaf_rows, node_rows = _leaf_rows(CursorReads(cur), cur.execute(_LAST_LEAF).fetchone(),
                                                       entries)
     for sql, rows in ((_SQLITE_INSERT_SIGNATURES, sig_rows), (_SQLITE_INSERT_LEAVES, leaf_rows),
                       (_SQLITE_INSERT_NODES, node_rows)):
