@@ -250,10 +250,17 @@ def database_error(url: str, exc: DBAPIError) -> DatabaseError:
     return failure(url, str(exc.orig if exc.orig is not None else exc))
 
 
-def _dbapi_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is SQLAlchemy's DBAPIError; without SQLAlchemy imported, nothing raised can be one."""
-    sa = sys.modules.get("sqlalchemy.exc")
-    return sa is not None and isinstance(exc, sa.DBAPIError)
+@contextmanager
+def _typed(url: str) -> Iterator[None]:
+    """A SQLAlchemy DBAPIError raised inside as a DatabaseError (see :func:`database_error`); without SQLAlchemy
+    imported, nothing raised can be one."""
+    try:
+        yield
+    except Exception as exc:
+        sa = sys.modules.get("sqlalchemy.exc")
+        if sa is not None and isinstance(exc, sa.DBAPIError):
+            raise database_error(url, exc) from exc
+        raise
 
 
 P = ParamSpec("P")
@@ -265,12 +272,8 @@ def _typed_errors(method: Callable[Concatenate[Store, P], T]) -> Callable[Concat
 
     @functools.wraps(method)
     def wrapper(self: Store, *args: P.args, **kwargs: P.kwargs) -> T:
-        try:
+        with _typed(self.url):
             return method(self, *args, **kwargs)
-        except Exception as exc:
-            if _dbapi_error(exc):
-                raise database_error(self.url, exc) from exc  # type: ignore[arg-type]
-            raise
 
     return wrapper
 
@@ -415,13 +418,8 @@ class Store:
             with self._sqlite_reads().snapshot() as reads:
                 yield reads
             return
-        try:
-            with self.engine.connect() as conn:
-                yield DriverReads(conn)
-        except Exception as exc:
-            if _dbapi_error(exc):
-                raise database_error(self.url, exc) from exc  # type: ignore[arg-type]
-            raise
+        with _typed(self.url), self.engine.connect() as conn:
+            yield DriverReads(conn)
 
     @property
     def directory(self) -> Path | None:
@@ -806,13 +804,8 @@ class Store:
         """Every receipt row in append order, streamed in batches (bounded memory)."""
         last = 0
         while True:
-            try:  # a generator: the decorator would return before the first query runs
-                with self.reading() as reads:
-                    rows = list(map(StoredRow._make, reads.all(_ROWS_AFTER, (last, batch))))
-            except Exception as exc:
-                if _dbapi_error(exc):
-                    raise database_error(self.url, exc) from exc  # type: ignore[arg-type]
-                raise
+            with self.reading() as reads:  # failures typed there (a generator cannot take the decorator)
+                rows = list(map(StoredRow._make, reads.all(_ROWS_AFTER, (last, batch))))
             if not rows:
                 return
             yield from rows
