@@ -1,5 +1,6 @@
-"""Database rows (SQLAlchemy 2 typed ORM). Rows are not domain objects: ``ReceiptRow.to_receipt()`` parses the
-canonical body, and every other column is an index derived from that body, re-checked by the verifier.
+"""Database rows (SQLAlchemy 2 typed ORM). Rows are not domain objects: a stored row's canonical body is parsed by
+``ledger.reads.StoredRow.to_receipt()``, and every other column is an index derived from that body, re-checked by
+the verifier.
 
 Any change here needs an Alembic revision in ``migrations/versions`` and a new ``SCHEMA_HEAD`` (ledger/database.py).
 """
@@ -11,7 +12,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # The schema revision this code reads and writes lives in ledger/database.py (read there without SQLAlchemy).
 from ledger.database import KNOWN_REVISIONS, SCHEMA_HEAD  # noqa: F401  (re-exported)
-from ledger.receipts import Receipt
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -50,10 +50,6 @@ class ReceiptRow(Base):
         Index("ix_receipts_kind", "kind"),
         Index("ix_receipts_selection", "selection"),
     )
-
-    def to_receipt(self) -> Receipt:
-        body = self.body if isinstance(self.body, bytes) else str(self.body).encode("utf-8", "surrogatepass")
-        return Receipt.from_bytes(body)  # a BLOB edited by the sqlite3 shell comes back as TEXT
 
 
 class ParentRow(Base):

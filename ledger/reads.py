@@ -51,9 +51,12 @@ class StoredRow(NamedTuple):
     body: bytes  # str when the sqlite3 shell rewrote the BLOB as TEXT: the verifier hashes whatever is there
     recorded_ns: int
 
+    def body_bytes(self) -> bytes:
+        """The body as the bytes it holds (a TEXT body, left by the sqlite3 shell, as its UTF-8, never a crash)."""
+        return self.body if isinstance(self.body, bytes) else str(self.body).encode("utf-8", "surrogatepass")
+
     def to_receipt(self) -> Receipt:
-        body = self.body if isinstance(self.body, bytes) else str(self.body).encode("utf-8", "surrogatepass")
-        return Receipt.from_bytes(body)
+        return Receipt.from_bytes(self.body_bytes())
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,8 @@ def _index_rows(edges: Iterable[ParentEdge], arts: Iterable[ArtifactRef]
 
 def check_row(row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> Receipt:
     """Integrity of one stored receipt: its id, its body, and the index rows derived from the body."""
-    rid, body = row.id, row.body
     # sqlite3's replace()/substr() on a BLOB store TEXT; hash whatever bytes the row holds, never crash on it
-    body = body if isinstance(body, bytes) else str(body).encode("utf-8", "surrogatepass")
+    rid, body = row.id, row.body_bytes()
     actual = digests.receipt_id(body)
     if actual != rid:
         raise DigestMismatch("receipt id does not recompute from the stored body", expected=rid,
