@@ -19,9 +19,10 @@ Canonical JSON (version 1) is UTF-8 JSON with:
 Two implementations give the same bytes and the same errors. :func:`canonical_bytes_reference` and
 :func:`parse_canonical_reference` are the reference: a walk that checks every value (naming the path of the first
 bad one), then ``json.dumps``. :func:`canonical_bytes` and :func:`parse_canonical` take a fast path (one cached C
-encoder, checks that cost no per-value Python where the input allows it) and hand anything the fast path cannot
-prove canonical to the reference, which then accepts it or raises its own error. The property tests and the
-vectors of docs/receipts.md §8 check that both agree byte for byte (tests/ledger/test_digests.py).
+encoder; for parsing, orjson's parser and encoder where its text is the canonical one; checks that cost no
+per-value Python where the input allows it) and hand anything the fast path cannot prove canonical to the reference,
+which then accepts it or raises its own error. The property tests and the vectors of docs/receipts.md §8 check
+that both agree byte for byte (tests/ledger/test_digests.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import blake3
+import orjson
 
 from ledger.errors import MalformedDigest, NonCanonical, UnsafeFile
 
@@ -45,7 +47,7 @@ ALGORITHM: Final = "blake3"
 ENCODING_VERSION: Final = 1
 DIGEST_HEX_LEN: Final = 64
 _PREFIX: Final = f"{ALGORITHM}:"
-_DIGEST_RE: Final = re.compile(r"^blake3:[0-9a-f]{64}$")
+DIGEST_RE: Final = re.compile(r"blake3:[0-9a-f]{64}")  # for fullmatch only (search would find it inside)
 _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**63 - 1
 # docs/receipts.md §1: writers MUST NOT nest deeper than 256 levels, verifiers MUST accept 256. One limit for both
@@ -269,32 +271,65 @@ _LONG_INT: Final = b"(" + b"0" * 19
 _LONG_INT_AT_START: Final = b"0" * 19
 
 
+# orjson (a Rust parser and encoder, 4-5x json's C scanner and encoder on a receipt) writes every value of canonical
+# JSON as the specification does except floats below 1e-4 in magnitude: "0.00001" for repr's "1e-05", "1e-7" for
+# "1e-07" (tests/ledger/test_digests.py compares every code point and floats of every exponent). Text with neither
+# "e-" nor "0.0000" holds no such float, so there its re-encoding is the canonical one; elsewhere json's path decides.
+# Its encoder also keeps the limits: it refuses integers beyond 53 bits (OPT_STRICT_INTEGER; larger ones take json's
+# path) and nesting beyond 254 levels, both inside receipts.md's, so what it vouches for needs no other check
+# (test_fast_encoder_and_parser_agree_at_the_depth_limit would see a change of orjson's limit).
+_UNSURE: Final = object()
+_ORJSON_CANONICAL: Final = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
+
+
+def _orjson_round_trip(data: bytes) -> Any:
+    """The value of ``data`` if orjson re-encodes it to exactly ``data`` where its encoding is the canonical one,
+    else _UNSURE (never an error of its own). Such a value is within the limits of receipts.md §1."""
+    if b"e-" in data or b"0.0000" in data:
+        return _UNSURE
+    try:
+        value = orjson.loads(data)
+        if orjson.dumps(value, option=_ORJSON_CANONICAL) != data:
+            return _UNSURE
+    except (ValueError, TypeError):  # orjson's JSONDecodeError and JSONEncodeError (deep, a long integer)
+        return _UNSURE
+    return value
+
+
+def _within_limits(data: bytes, value: Any) -> bool:
+    """Whether the value parsed from ``data`` is within the limits: decided from the bytes (brackets, long digit runs)
+    or, when those are inconclusive, on the value itself."""
+    shape = data.translate(_NUMBER_SHAPE)
+    unsure = (data.count(b"[") + data.count(b"{") > MAX_DEPTH or _LONG_INT in shape
+              or shape.startswith(_LONG_INT_AT_START))
+    return not unsure or _plain(value)
+
+
 def parse_canonical(data: bytes) -> Any:
     """Parse canonical JSON bytes. Anything that would not re-encode to exactly ``data`` is an error.
 
-    The same values and errors as :func:`parse_canonical_reference`. The fast path parses with json's C scanner and
-    no Python hooks, re-encodes with the C encoder and compares: bytes that re-encode to themselves cannot hold a
-    duplicate key, a non-shortest float, NaN or a non-canonical escape. Only the limits are left to check, from the
-    bytes (brackets, long digit runs) or, when those are inconclusive, on the parsed value. Whatever fails or is
-    unsure is parsed again by the reference, for its verdict and its message."""
+    The same values and errors as :func:`parse_canonical_reference`. The fast path parses with orjson (or json's
+    C scanner) and no Python hooks, re-encodes the same way and compares: bytes that re-encode to themselves cannot
+    hold a duplicate key, a non-shortest float, NaN or a non-canonical escape. Only the limits are left to check
+    (:func:`_within_limits`). Whatever fails or is unsure is parsed again by the reference, for its verdict and its
+    message."""
     if type(data) is bytes:
+        value = _orjson_round_trip(data)
+        if value is not _UNSURE:
+            return value
         try:
             value = _scan(data.decode("utf-8"))
             again = _encode(value).encode("utf-8")
         except (ValueError, RecursionError):  # not UTF-8, not JSON, NaN, a lone surrogate, too deep, ...
             return parse_canonical_reference(data)
-        if again == data:
-            shape = data.translate(_NUMBER_SHAPE)
-            unsure = (data.count(b"[") + data.count(b"{") > MAX_DEPTH or _LONG_INT in shape
-                      or shape.startswith(_LONG_INT_AT_START))
-            if not unsure or _plain(value):
-                return value
+        if again == data and _within_limits(data, value):
+            return value
     return parse_canonical_reference(data)
 
 
 def parse_canonical_lines(lines: Sequence[bytes]) -> list[Any] | None:
-    """The values of many canonical JSON texts (a JSONL file's lines), parsed as one array: one call of json's C
-    scanner and encoder instead of one per line. None when that cannot vouch for every line; parse each with
+    """The values of many canonical JSON texts (a JSONL file's lines), parsed as one array: one call of the fast
+    path's parser and encoder instead of one per line. None when that cannot vouch for every line; parse each with
     :func:`parse_canonical` then, for its verdict and its message.
 
     The bracketed, comma-joined lines re-encode to themselves with one element per line exactly when each line is
@@ -302,12 +337,16 @@ def parse_canonical_lines(lines: Sequence[bytes]) -> list[Any] | None:
     if not lines or any(type(line) is not bytes for line in lines):
         return None
     joined = b"[" + b",".join(lines) + b"]"
-    try:
-        values = _scan(joined.decode("utf-8"))
-        again = _encode(values).encode("utf-8")
-    except (ValueError, RecursionError):
-        return None
-    if again != joined or len(values) != len(lines):
+    values = _orjson_round_trip(joined)
+    if values is _UNSURE:
+        try:
+            values = _scan(joined.decode("utf-8"))
+            again = _encode(values).encode("utf-8")
+        except (ValueError, RecursionError):
+            return None
+        if again != joined:
+            return None
+    if len(values) != len(lines):
         return None
     shape = joined.translate(_NUMBER_SHAPE)
     if _LONG_INT in shape:
@@ -356,7 +395,7 @@ def format_digest(raw: bytes) -> str:
 
 
 def is_digest(text: object) -> bool:
-    return isinstance(text, str) and _DIGEST_RE.fullmatch(text) is not None
+    return isinstance(text, str) and DIGEST_RE.fullmatch(text) is not None
 
 
 def check_digest(text: object, what: str = "digest") -> str:
@@ -479,8 +518,14 @@ def _not_regular(path: str | os.PathLike[str], mode: int) -> UnsafeFile:
 
 
 def receipt_id(body: bytes) -> str:
-    """A receipt's id: the receipt-domain digest of its canonical bytes."""
-    return digest_bytes("receipt", body)
+    """A receipt's id: the receipt-domain digest of its canonical bytes (digest_bytes, without looking the domain
+    up: every stored receipt is hashed again at every read)."""
+    hasher = _RECEIPT_HASHER.copy()
+    hasher.update(body)
+    return _PREFIX + hasher.hexdigest()
+
+
+_RECEIPT_HASHER: Final = _DOMAIN_HASHERS["receipt"]
 
 
 # ------------------------------------------------------------------------------------------ composite digests

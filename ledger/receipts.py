@@ -74,6 +74,25 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Strings already found well-formed, by validate_fields, which meets the same few again and again in a scan of a
+# ledger (run and artifact names, prepared and selection digests; not parents, each new). A bounded memo of a pure
+# predicate: it changes no verdict, only how often the regular expression runs.
+_WELL_FORMED: set[str] = set()
+_WELL_FORMED_MAX: Final = 1 << 16
+
+
+def _well_formed(value: object, pattern: re.Pattern[str]) -> bool:
+    if type(value) is not str:
+        return isinstance(value, str) and pattern.fullmatch(value) is not None
+    if value in _WELL_FORMED:
+        return True
+    if pattern.fullmatch(value) is None:
+        return False
+    if len(_WELL_FORMED) < _WELL_FORMED_MAX:
+        _WELL_FORMED.add(value)
+    return True
+
+
 @dataclass(frozen=True, eq=False)
 class Receipt:
     """An immutable receipt. Build with :func:`make_receipt` or parse with :meth:`from_bytes`."""
@@ -128,7 +147,7 @@ class Receipt:
         """Parse canonical receipt bytes. Non-canonical bytes or a bad shape raise MalformedReceipt/NonCanonical."""
         document = digests.parse_canonical(data)  # proves data == canonical_bytes(document)
         validate_fields(document)
-        receipt = cls._of_valid(document)
+        receipt = cls._of_valid(document, owned=True)
         # The receipt holds exactly the parsed document (see _of_valid), so its canonical bytes are ``data``: keep
         # them as the body instead of encoding them a second time.
         receipt.__dict__["body"] = bytes(data)  # fills the cached_property (the dataclass is frozen)
@@ -140,12 +159,13 @@ class Receipt:
         return cls._of_valid(document)
 
     @classmethod
-    def _of_valid(cls, document: Mapping[str, Any]) -> Receipt:
+    def _of_valid(cls, document: Mapping[str, Any], *, owned: bool = False) -> Receipt:
         """The receipt of a document :func:`validate_fields` accepted, checked once, not again by ``__post_init__``
         (a stored receipt is parsed once per read: a second validation cost a fifth of scanning a ledger).
 
         Its fields are the document's values, containers copied as ``__init__`` would (``parents`` a tuple of the
-        list's items, ``artifacts`` and ``measurements`` dicts), so ``to_document()`` equals the document.
+        list's items, ``artifacts`` and ``measurements`` dicts), so ``to_document()`` equals the document. ``owned``:
+        the document was parsed for this receipt and nothing else holds it, so its dicts are taken, not copied.
         tests/ledger/test_receipts.py checks that this and the validating constructor build the same receipt."""
         receipt = object.__new__(cls)
         kind = document["kind"]
@@ -157,14 +177,29 @@ class Receipt:
             prepared=document["prepared"],
             selection=document["selection"],
             parents=tuple(document["parents"]),
-            artifacts=dict(document["artifacts"]),
-            measurements=dict(document["measurements"]),
+            artifacts=document["artifacts"] if owned else dict(document["artifacts"]),
+            measurements=document["measurements"] if owned else dict(document["measurements"]),
         )
         return receipt
 
 
+_digest_match: Final = digests.DIGEST_RE.fullmatch
+
+
+def _natural(value: object) -> bool:
+    """A non-negative integer, not a bool (exact ints first: the common case costs no isinstance)."""
+    return (type(value) is int or _is_int(value)) and value >= 0  # type: ignore[operator]
+
+
+def _mapping(value: object) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def validate_fields(doc: Any) -> None:
-    """Check a receipt document's shape; raise MalformedReceipt naming the first bad field."""
+    """Check a receipt document's shape; raise MalformedReceipt naming the first bad field.
+
+    Every stored receipt passes here once per read, so the common case is kept cheap: exact types before
+    isinstance, the memo of well-formed names and digests, the sort check only for two parents or more."""
     if not isinstance(doc, dict):
         raise MalformedReceipt("body is not a JSON object")
     if doc.keys() != _FIELD_SET:
@@ -172,40 +207,45 @@ def validate_fields(doc: Any) -> None:
         missing = sorted(set(FIELDS) - keys)
         extra = sorted(keys - set(FIELDS))
         raise MalformedReceipt(f"fields: missing {missing}, unexpected {extra}")
-    if doc["v"] != SCHEMA_VERSION or not _is_int(doc["v"]):
-        raise MalformedReceipt(f"v: expected schema version {SCHEMA_VERSION}, got {doc['v']!r}")
+    version = doc["v"]
+    if version != SCHEMA_VERSION or not (type(version) is int or _is_int(version)):
+        raise MalformedReceipt(f"v: expected schema version {SCHEMA_VERSION}, got {version!r}")
     if doc["alg"] != digests.ALGORITHM:
         raise MalformedReceipt(f"alg: expected {digests.ALGORITHM!r}, got {doc['alg']!r}")
-    if not isinstance(doc["kind"], str) or doc["kind"] not in KINDS:
-        raise MalformedReceipt(f"kind: {doc['kind']!r} is not one of {', '.join(sorted(KINDS))}")
+    kind = doc["kind"]
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise MalformedReceipt(f"kind: {kind!r} is not one of {', '.join(sorted(KINDS))}")
     run = doc["run"]
-    if run is not None and (not isinstance(run, str) or not _NAME_RE.fullmatch(run)):
+    if run is not None and not _well_formed(run, _NAME_RE):
         raise MalformedReceipt(f"run: expected null or a name matching {_NAME_RE.pattern}, got {run!r}")
-    for name in ("rank", "step"):
-        value = doc[name]
-        if value is not None and (not _is_int(value) or value < 0):
-            raise MalformedReceipt(f"{name}: expected null or a non-negative integer, got {value!r}")
-    for name in ("prepared", "selection"):
-        value = doc[name]
-        if value is not None and not digests.is_digest(value):
-            raise MalformedReceipt(f"{name}: expected null or blake3:<64 hex>, got {value!r}")
+    rank, step = doc["rank"], doc["step"]
+    if rank is not None and not (type(rank) is int and rank >= 0 or _natural(rank)):
+        raise MalformedReceipt(f"rank: expected null or a non-negative integer, got {rank!r}")
+    if step is not None and not (type(step) is int and step >= 0 or _natural(step)):
+        raise MalformedReceipt(f"step: expected null or a non-negative integer, got {step!r}")
+    prepared, selection = doc["prepared"], doc["selection"]
+    if prepared is not None and not _well_formed(prepared, digests.DIGEST_RE):
+        raise MalformedReceipt(f"prepared: expected null or blake3:<64 hex>, got {prepared!r}")
+    if selection is not None and not _well_formed(selection, digests.DIGEST_RE):
+        raise MalformedReceipt(f"selection: expected null or blake3:<64 hex>, got {selection!r}")
     parents = doc["parents"]
     if not isinstance(parents, (list, tuple)):
         raise MalformedReceipt("parents: expected a list of receipt ids")
     for p in parents:
-        if not digests.is_digest(p):
+        if not (type(p) is str and _digest_match(p) is not None or digests.is_digest(p)):
             raise MalformedReceipt(f"parents: {p!r} is not blake3:<64 hex>")
-    if list(parents) != sorted(set(parents)):
+    count = len(parents)  # two parents (the common case beyond one) are in order if the first is the smaller
+    if count > 1 and (parents[0] >= parents[1] if count == 2 else list(parents) != sorted(set(parents))):
         raise MalformedReceipt("parents: must be sorted and distinct")
     artifacts = doc["artifacts"]
-    if not isinstance(artifacts, Mapping):
+    if not _mapping(artifacts):
         raise MalformedReceipt("artifacts: expected an object of name -> digest")
     for name, value in artifacts.items():
-        if not _NAME_RE.fullmatch(name):
+        if not _well_formed(name, _NAME_RE):
             raise MalformedReceipt(f"artifacts: bad name {name!r}")
         if not digests.is_digest(value):
             raise MalformedReceipt(f"artifacts.{name}: {value!r} is not blake3:<64 hex>")
-    if not isinstance(doc["measurements"], Mapping):
+    if not _mapping(doc["measurements"]):
         raise MalformedReceipt("measurements: expected an object")
 
 

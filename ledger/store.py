@@ -800,8 +800,9 @@ class Store:
                             for rseq, name, digest in reads.all(_ARTIFACTS + where, params) if rseq in id_of)
         return edges, arts
 
-    def iter_rows(self, batch: int = 5000) -> Iterator[StoredRow]:
-        """Every receipt row in append order, streamed in batches (bounded memory)."""
+    def iter_rows(self, batch: int = 512) -> Iterator[StoredRow]:
+        """Every receipt row in append order, streamed in batches: bounded memory, and small enough (512 rows) to stay
+        in the processor's cache while the caller parses them (5,000 cost a scan a third more per row)."""
         last = 0
         while True:
             with self.reading() as reads:  # failures typed there (a generator cannot take the decorator)

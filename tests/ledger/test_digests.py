@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import blake3
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -441,6 +442,43 @@ def test_fast_parser_agrees_on_arbitrary_bytes(data: bytes) -> None:
 ])
 def test_fast_parser_agrees_on_edge_cases(data: bytes) -> None:
     assert_parsers_agree(data)
+
+
+def test_orjson_writes_every_code_point_as_the_specification() -> None:
+    """The parser's orjson path trusts orjson's string escapes: every code point but the surrogates, in one string
+    (escaping is per character), is written as the reference writes it, and parses back on the fast path."""
+    text = "".join(chr(cp) for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF)
+    data = digests.canonical_bytes_reference({"s": text, text[:300]: [text[-300:]]})
+    assert orjson.dumps(orjson.loads(data), option=orjson.OPT_SORT_KEYS) == data
+    assert digests._orjson_round_trip(data) == {"s": text, text[:300]: [text[-300:]]}
+
+
+def _floats_of_every_exponent() -> list[float]:
+    out = []
+    for exponent in range(-1074, 1024):
+        for mantissa in (1.0, 1.1, 1.5, 1.9999999999999998, 1.2345678901234567, 1.7976931348623157):
+            value = math.ldexp(mantissa, exponent)
+            if math.isfinite(value) and value != 0.0:
+                out += [value, -value]
+    return [*out, 0.0, -0.0, 5e-324, 1e-4, 1e-5, 9.999999999999999e-5, 1e16, 9999999999999998.0]
+
+
+def test_fast_parser_agrees_on_floats_of_every_exponent() -> None:
+    """Where orjson writes a float differently (below 1e-4: "0.00001", "1e-7"), its text is not canonical and must
+    not pass the fast path; repr's text must parse. Both against the reference, for floats of every exponent."""
+    for value in _floats_of_every_exponent():
+        for text in {repr(value).encode(), orjson.dumps(value)}:
+            for data in (text, b'{"x":[' + text + b"]}"):
+                assert_parsers_agree(data)
+        assert digests.parse_canonical(repr(value).encode()) == value
+
+
+def test_a_receipt_body_takes_the_orjson_path() -> None:
+    """The speed of scanning a ledger rests on this: a typical receipt is vouched for by orjson alone."""
+    from ledger.receipts import make_receipt
+
+    body = make_receipt("note", run="r", step=3, measurements={"loss": 2.5, "lr": 0.0003, "phase": "train"}).body
+    assert digests._orjson_round_trip(body) == digests.parse_canonical_reference(body)
 
 
 def _spec_blocks(label: str) -> list[dict[str, str]]:
