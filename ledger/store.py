@@ -16,6 +16,7 @@ disk. A failed append has rolled back: every receipt stored before it is still t
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import sys
 import threading
@@ -89,6 +90,9 @@ _CHUNK = 500  # bound on bound parameters per IN (...) query
 # are StoredRow's (ledger/reads.py), read as plain tuples (9.8 us a row through an ORM session against 2.3 us).
 _COLS = ", ".join(f"r.{c}" for c in ROW_COLUMNS)  # the same columns where a join makes names ambiguous
 _ROWS_AFTER = f"{SELECT_ROWS} WHERE seq > ? ORDER BY seq LIMIT ?"
+_SEQ = operator.attrgetter("seq")
+_ROWS_AFTER_UP_TO = f"{SELECT_ROWS} WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"
+_EXPERIMENT_SPAN = "SELECT MIN(seq), MAX(seq), COUNT(*) FROM receipts WHERE prepared = ?"
 _ROW_BY_ID = f"{SELECT_ROWS} WHERE id = ?"
 _SELECT_IDS = f"SELECT id FROM receipts WHERE id >= ? AND id < ? ORDER BY id LIMIT {MATCHES}"
 
@@ -232,6 +236,14 @@ class ArtifactRef(NamedTuple):
     receipt: str
     name: str
     digest: str
+
+
+class RowBatch(NamedTuple):
+    """Receipt rows as stored with their index rows (those of these receipts only)."""
+
+    rows: list[StoredRow]
+    edges: list[ParentEdge]
+    artifacts: list[ArtifactRef]
 
 
 class _Unsure(Exception):
@@ -766,11 +778,12 @@ class Store:
             return (rows, *self._index_rows(rows))
 
     @_typed_errors
-    def raw_rows(self, ids: Iterable[str]) -> tuple[list[StoredRow], list[ParentEdge], list[ArtifactRef]]:
-        """The rows of these receipts (those stored) and their index rows, exactly as stored."""
+    def raw_rows(self, ids: Iterable[str]) -> RowBatch:
+        """The rows of these receipts (those stored, in append order) and their index rows, exactly as stored."""
         with self.reading() as reads:
             rows = self._rows_by_id(reads, set(ids))
-            return (rows, *self._index_rows(rows))
+            rows.sort(key=_SEQ)
+            return RowBatch(rows, *self._index_rows(rows))
 
     def _index_rows(self, rows: list[StoredRow]) -> tuple[list[ParentEdge], list[ArtifactRef]]:
         """The edge and artifact rows of ``rows``, their seqs turned back into receipt ids.
@@ -799,6 +812,32 @@ class Store:
                 arts.extend(ArtifactRef(id_of[rseq], name, digest)
                             for rseq, name, digest in reads.all(_ARTIFACTS + where, params) if rseq in id_of)
         return edges, arts
+
+    def experiment_rows(self, *, prepared: str, batch: int = 512) -> Iterator[RowBatch]:
+        """The rows with this prepared digest (the column, as stored) in append order, a batch at a time with their
+        index rows: what Verifier.verify_many reads to audit an experiment.
+
+        An experiment whose rows fill most of their seq range (a ledger of one experiment, or of a few run one
+        after another) is read as that range of the primary key, other receipts' rows in it left out here: a row
+        costs about what reading it does. Otherwise the ids are listed first and their rows read by id."""
+        with self.reading() as reads:
+            first, last, count = reads.all(_EXPERIMENT_SPAN, (prepared,))[0]
+        if not count:
+            return
+        if last - first >= 2 * count:
+            ids = self.ids(prepared=prepared)
+            for start in range(0, len(ids), batch):
+                yield self.raw_rows(ids[start : start + batch])
+            return
+        after = first - 1
+        while after < last:
+            with self.reading() as reads:
+                read = reads.all(_ROWS_AFTER_UP_TO, (after, last, batch))
+                if not read:
+                    return
+                rows = [row for row in map(StoredRow._make, read) if row.prepared == prepared]
+                yield RowBatch(rows, *self._index_rows(rows))
+            after = read[-1][0]
 
     def iter_rows(self, batch: int = 512) -> Iterator[StoredRow]:
         """Every receipt row in append order, streamed in batches: bounded memory, and small enough (512 rows) to stay

@@ -52,7 +52,7 @@ def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *
     # audit covers the whole experiment, not only what this report cites; shared ancestry is verified once.
     # The stored ids: a body edited in place must not rename its row. Read in batches, each receipt whose ancestry
     # is verified already is checked alone, so that a ledger with many more receipts costs what reading them does.
-    checks.extend(verifier.verify_many(store.ids(prepared=digest), progress=progress))
+    checks.extend(verifier.verify_experiment(digest, progress=progress))
     result = AuditResult(report, cited, sorted(set(checks)))
     # The receipts exist (with their content ids) whether or not they are recorded: a page rendered with
     # --no-record still names the audit it shows.

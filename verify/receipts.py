@@ -30,7 +30,7 @@ from ledger.artifacts import ArtifactStore, path_from_uri
 from ledger.errors import DigestMismatch, LedgerError, MissingArtifact, RecordInvalid, RecordMismatch, VerificationError
 from ledger.receipts import Receipt
 from ledger.state import CheckpointState, StateCache, prefetch_states, recompute
-from ledger.store import ArtifactRef, ParentEdge, Store, StoredRow
+from ledger.store import ArtifactRef, ParentEdge, RowBatch, Store, StoredRow
 from verify.checks import checks_for
 from verify.context import KindCheckContext, Memo, ModelRunner
 
@@ -322,31 +322,41 @@ class Verifier:
         time, and a receipt whose parents are all verified is checked alone (row, chain rule, kind checks,
         artifacts), not through its whole ancestry again. Anything else (a parent not verified yet, edges that
         disagree with the body, an id that is not a digest) goes through :meth:`verify`."""
-        with _cycles_collected_after():
-            return self._verify_many(ids, progress)
+        known = self._known
+        todo = [rid for rid in dict.fromkeys(ids) if rid not in known.chained]
 
-    def _verify_many(self, ids: Iterable[str], progress: Callable[[str], None] | None) -> list[str]:
-        with self._states.active():
-            return self._verify_batches(ids, progress)
+        def read(batch: list[str]) -> RowBatch:  # when the batch is reached: ids verified by then are not read
+            return self.store.raw_rows([rid for rid in batch if digests.is_digest(rid) and rid not in known.chained])
 
-    def _verify_batches(self, ids: Iterable[str], progress: Callable[[str], None] | None) -> list[str]:
+        chunks = (todo[start : start + _BATCH] for start in range(0, len(todo), _BATCH))
+        return self._verify_batches(((batch, read(batch)) for batch in chunks), progress)
+
+    def verify_experiment(self, prepared: str, *, progress: Callable[[str], None] | None = None) -> list[str]:
+        """:meth:`verify_many` of every stored receipt with this prepared digest (the rows' column and ids, whatever
+        their bodies say), read in append order as Store.experiment_rows reads them: one pass over the rows."""
+        batches = (([row.id for row in got.rows], got) for got in self.store.experiment_rows(prepared=prepared))
+        return self._verify_batches(batches, progress)
+
+    def _verify_batches(self, batches: Iterable[tuple[list[str], RowBatch]],
+                        progress: Callable[[str], None] | None) -> list[str]:
+        """Each batch: the ids to verify, in order, and the rows read for them (a missing one is verify's to
+        report)."""
         known = self._known
         lines: list[str] = []
-        todo = [rid for rid in dict.fromkeys(ids) if rid not in known.chained]
-        for start in range(0, len(todo), _BATCH):
-            batch = [rid for rid in todo[start : start + _BATCH] if rid not in known.chained]
-            rows, edges, arts = self.store.raw_rows([rid for rid in batch if digests.is_digest(rid)])
-            self.prefetch(_parsed_unverified(row) for row in rows if row.kind == "report")
-            by_id = {row.id: row for row in rows}
-            by_child, by_receipt = _index_rows(edges, arts)
-            for rid in batch:
-                if rid in known.chained:  # verified meanwhile, as an ancestor of an earlier one
-                    continue
-                if progress:
-                    progress(f"verifying {rid[:19]}")
-                row = by_id.get(rid)
-                alone = self._alone(row, by_child.get(rid, []), by_receipt.get(rid, [])) if row is not None else None
-                lines.extend(self.verify(rid).checks if alone is None else alone)
+        with _cycles_collected_after(), self._states.active():
+            for batch, (rows, edges, arts) in batches:
+                self.prefetch(_parsed_unverified(row) for row in rows if row.kind == "report")
+                by_id = {row.id: row for row in rows}
+                by_child, by_receipt = _index_rows(edges, arts)
+                for rid in batch:
+                    if rid in known.chained:  # verified before, or meanwhile as an ancestor of an earlier one
+                        continue
+                    if progress:
+                        progress(f"verifying {rid[:19]}")
+                    row = by_id.get(rid)
+                    alone = (self._alone(row, by_child.get(rid, []), by_receipt.get(rid, [])) if row is not None
+                             else None)
+                    lines.extend(self.verify(rid).checks if alone is None else alone)
         return lines
 
     def _alone(self, row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> list[str] | None:
@@ -355,11 +365,11 @@ class Verifier:
         known = self._known
         receipt = check_row(row, edges, arts)  # a new row: no cache to look in, nor to fill (verify has its own)
         known.receipts[receipt.id] = (row.seq, receipt)
-        parents = receipt.parents
-        if len(edges) != len(parents) or sorted(e.parent for e in edges) != list(parents):
-            return None
-        for p in parents:
-            if p not in known.artifacts or p not in known.prepares or p not in known.chained:
+        # check_row matched the edges with the parents the body names, unless some edge's parent row is gone (its
+        # marker is no receipt id, so never verified): every edge's parent verified means the body's are.
+        for e in edges:
+            p = e.parent
+            if p not in known.chained or p not in known.artifacts or p not in known.prepares:
                 return None
         chain.check_receipt(receipt, {p: known.receipts[p][1] for p in receipt.parents})
         known.chained.add(receipt.id)

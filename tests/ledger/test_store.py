@@ -428,6 +428,29 @@ def test_iter_rows_streams_in_append_order(store: Store) -> None:
         assert conn.execute(text("SELECT count(*) FROM receipts")).scalar() == 12
 
 
+@pytest.mark.parametrize("foreign", [3, 40])
+def test_experiment_rows_are_its_rows_in_append_order_with_their_index_rows(store: Store, foreign: int) -> None:
+    """An experiment's rows among another's, few (read as one seq range, the other's left out) or many (by id):
+    the same rows, in append order, and the index rows of those receipts only."""
+    a, b = digests.raw_digest(b"experiment a"), digests.raw_digest(b"experiment b")
+    mine: list[Receipt] = []
+    for i in range(30):
+        mine.append(note(i, parents=mine[-1:], prepared=a, artifacts={"x": digests.raw_digest(b"%d" % i)}))
+        store.append(mine[-1])
+        if i % 10 == 4:  # another experiment's receipts in between, with parents and artifacts of their own
+            theirs = [note(1000 * i, prepared=b)]
+            theirs += [note(1000 * i + j, parents=theirs[:1], prepared=b, artifacts={"y": digests.raw_digest(b"y")})
+                       for j in range(1, foreign)]
+            store.append_many(theirs)
+    batches = list(store.experiment_rows(prepared=a, batch=7))
+    rows = [row for got in batches for row in got.rows]
+    assert [row.id for row in rows] == [r.id for r in mine]
+    assert [row for row in store.iter_rows() if row.prepared == a] == rows
+    assert [e for got in batches for e in got.edges] == [ParentEdge(c.id, p) for c in mine for p in c.parents]
+    assert [x for got in batches for x in got.artifacts] == [ArtifactRef(r.id, "x", r.artifacts["x"]) for r in mine]
+    assert list(store.experiment_rows(prepared=digests.raw_digest(b"none"))) == []
+
+
 def test_rows_are_plain_tuples_of_every_column_as_stored(store: Store) -> None:
     """iter_rows, raw_rows and raw_closure read rows as StoredRow tuples (no ORM instance per row), every column."""
     root = note(0, run="r", rank=1, step=2, prepared=digests.raw_digest(b"p"))

@@ -513,10 +513,14 @@ def test_verify_many_checks_what_one_verify_each_does(ledger_db: Path, tmp_path:
         many = Verifier(store, arts, require_artifacts=True)
         assert sorted(set(many.verify_many(ids))) == expected
         assert many.chained == one_by_one.chained == set(ids)
+        whole = Verifier(store, arts, require_artifacts=True)
+        assert sorted(set(whole.verify_experiment(store.latest_prepared()))) == expected
+        assert whole.chained == set(ids)
 
 
+@pytest.mark.parametrize("way", ["many", "experiment"])
 @pytest.mark.parametrize("tamper", ["body", "edge", "artifact"])
-def test_verify_many_fails_as_one_verify_each_does(ledger_db: Path, tmp_path: Path, tamper: str) -> None:
+def test_verify_many_fails_as_one_verify_each_does(ledger_db: Path, tmp_path: Path, tamper: str, way: str) -> None:
     from verify.receipts import Verifier
 
     tips, dirs = checkpoint_ledger(ledger_db, tmp_path)
@@ -535,7 +539,10 @@ def test_verify_many_fails_as_one_verify_each_does(ledger_db: Path, tmp_path: Pa
             for rid in ids:
                 verifier.verify(rid)
         with pytest.raises(VerificationError) as many:
-            Verifier(store, arts, require_artifacts=True).verify_many(ids)
+            if way == "many":
+                Verifier(store, arts, require_artifacts=True).verify_many(ids)
+            else:
+                Verifier(store, arts, require_artifacts=True).verify_experiment(store.latest_prepared())
     assert type(many.value) is type(one_each.value) and many.value.one_line() == one_each.value.one_line()
 
 
