@@ -150,7 +150,8 @@ class Receipt:
         receipt = cls._of_valid(document, owned=True)
         # The receipt holds exactly the parsed document (see _of_valid), so its canonical bytes are ``data``: keep
         # them as the body instead of encoding them a second time.
-        receipt.__dict__["body"] = bytes(data)  # fills the cached_property (the dataclass is frozen)
+        # fills the cached_property (the dataclass is frozen); a bytes-like argument is kept as bytes
+        receipt.__dict__["body"] = data if type(data) is bytes else bytes(data)
         return receipt
 
     @classmethod
