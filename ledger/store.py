@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar
@@ -813,7 +813,7 @@ class Store:
                             for rseq, name, digest in reads.all(_ARTIFACTS + where, params) if rseq in id_of)
         return edges, arts
 
-    def experiment_rows(self, *, prepared: str, batch: int = 512) -> Iterator[RowBatch]:
+    def experiment_rows(self, *, prepared: str, batch: int = 512) -> Generator[RowBatch, None, None]:
         """The rows with this prepared digest (the column, as stored) in append order, a batch at a time with their
         index rows: what Verifier.verify_many reads to audit an experiment.
 
@@ -831,12 +831,13 @@ class Store:
             return
         after = first - 1
         while after < last:
-            with self.reading() as reads:
+            with self.reading() as reads:  # yielded outside it: a caller that stops early leaves no transaction open
                 read = reads.all(_ROWS_AFTER_UP_TO, (after, last, batch))
                 if not read:
                     return
                 rows = [row for row in map(StoredRow._make, read) if row.prepared == prepared]
-                yield RowBatch(rows, *self._index_rows(rows))
+                got = RowBatch(rows, *self._index_rows(rows))
+            yield got
             after = read[-1][0]
 
     def iter_rows(self, batch: int = 512) -> Iterator[StoredRow]:

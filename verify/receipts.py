@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -334,8 +334,8 @@ class Verifier:
     def verify_experiment(self, prepared: str, *, progress: Callable[[str], None] | None = None) -> list[str]:
         """:meth:`verify_many` of every stored receipt with this prepared digest (the rows' column and ids, whatever
         their bodies say), read in append order as Store.experiment_rows reads them: one pass over the rows."""
-        batches = (([row.id for row in got.rows], got) for got in self.store.experiment_rows(prepared=prepared))
-        return self._verify_batches(batches, progress)
+        with closing(self.store.experiment_rows(prepared=prepared)) as read:  # closed on a failure too
+            return self._verify_batches((([row.id for row in got.rows], got) for got in read), progress)
 
     def _verify_batches(self, batches: Iterable[tuple[list[str], RowBatch]],
                         progress: Callable[[str], None] | None) -> list[str]:

@@ -543,6 +543,8 @@ def test_verify_many_fails_as_one_verify_each_does(ledger_db: Path, tmp_path: Pa
                 Verifier(store, arts, require_artifacts=True).verify_many(ids)
             else:
                 Verifier(store, arts, require_artifacts=True).verify_experiment(store.latest_prepared())
+        # the rows' reader stopped where the failure did: no read transaction left open behind it
+        assert all(reads.conn is None or not reads.conn.in_transaction for reads in store._opened)
     assert type(many.value) is type(one_each.value) and many.value.one_line() == one_each.value.one_line()
 
 
