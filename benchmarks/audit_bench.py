@@ -18,7 +18,8 @@ hits them alike; ratios use the best round of each. Each line prints its target 
   ``b3sum``, less the start-up ``ledger --help`` also pays; the start-up of ``ledger --help``, ``show`` and
   ``verify`` of one receipt;
 * scan: ``Store.iter_rows`` + ``receipt_id`` + ``Receipt.from_bytes`` of 100,000 receipts against raw sqlite3
-  reading and BLAKE3; the audit of EXP's ledger with those 100,000 receipts added against the audit without them;
+  reading and BLAKE3; the audit of EXP's ledger with those 100,000 receipts added (as notes of EXP, which the audit
+  verifies) against the audit without them; and with 100,000 receipts of another experiment in the ledger;
 * scale: a safetensors file shaped like SmolLM2-1.7B (218 BF16 tensors, 1,711,376,384 parameters, 3.4 GB): its
   state digest against ``b3sum``, comparing two copies (state and file digests of both) against ``b3sum`` over both,
   and the peak anonymous memory of each (RSS beyond the file pages they map);
@@ -327,6 +328,14 @@ def digest_section(tmp: Path, n: int) -> None:
 # ------------------------------------------------------------------------------------------------- scan
 
 
+def other_experiment(n: int) -> list[Receipt]:
+    """Another experiment's prepare receipt (its artifacts' bytes absent: it is never audited) and ``n`` notes."""
+    artifacts = {name: digests.raw_digest(b"other " + name.encode()) for name in ("config", "data", "seed_model")}
+    root = make_receipt("prepare", run="audit-bench-other", prepared=digests.prepared_digest(artifacts),
+                        artifacts=artifacts)
+    return [root, *extra_notes(root, n)]
+
+
 def extra_notes(root: Receipt, n: int) -> list[Receipt]:
     """``n`` note receipts of ledger_bench's shape (about 500 canonical bytes; each cites the previous one, every 4th
     also ``root``), under ``root``'s prepared digest, citing no artifact (an audit verifies every receipt of its
@@ -420,6 +429,28 @@ def scan_section(tmp: Path, count: int, exp: Path | None, n: int) -> None:
         report("scan", f"audit in-process, with {count:,} extra receipts", spread(at["audit+extra"]))
         report("scan", f"extra cost: {extra * 1e9 / count:+.0f} ns per extra receipt", ms(extra),
                f"<= {ms(scan)} (reading them)", extra <= scan)
+        # The same number of receipts of another experiment appended to the ledger after EXP's: what a shared
+        # ledger holds. The audit of EXP must not pay for them more than reading and re-hashing them (raw).
+        say(f"audit with {count:,} receipts of another experiment in the ledger")
+        shared_db = tmp / "shared.db"
+        src, dst = sqlite3.connect(exp / "ledger.db"), sqlite3.connect(shared_db)
+        src.backup(dst)
+        src.close()
+        dst.close()
+        shared = Store.open(shared_db)
+        theirs = other_experiment(count)
+        for start in range(0, len(theirs), 1000):
+            shared.append_many(theirs[start : start + 1000])
+        mine = root.prepared
+        at2 = rounds({"audit": lambda: audit(plain, arts, mine, record=False),
+                      "audit+other": lambda: audit(shared, arts, mine, record=False)}, n)
+        other = best(at2["audit+other"]) - best(at2["audit"])
+        reading = best(times["raw"])  # raw sqlite3 + BLAKE3 over the same count of rows
+        FIGURES["scan"]["audit_shared"] = at2
+        report("scan", f"audit in-process, with {count:,} receipts of another experiment", spread(at2["audit+other"]))
+        report("scan", f"extra cost: {other * 1e9 / count:+.0f} ns per other receipt", ms(other),
+               f"<= {ms(reading)} (raw read + hash)", other <= reading)
+        shared.close()
         plain.close()
     store.close()
 

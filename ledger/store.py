@@ -846,8 +846,8 @@ class Store:
         last = 0
         while True:
             with self.reading() as reads:  # failures typed there (a generator cannot take the decorator)
-                rows = list(map(StoredRow._make, reads.all(_ROWS_AFTER, (last, batch))))
+                rows = reads.all(_ROWS_AFTER, (last, batch))
             if not rows:
                 return
-            yield from rows
-            last = rows[-1].seq
+            yield from map(StoredRow._make, rows)
+            last = rows[-1][0]
