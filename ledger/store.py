@@ -815,7 +815,7 @@ class Store:
 
     def experiment_rows(self, *, prepared: str, batch: int = 512) -> Generator[RowBatch, None, None]:
         """The rows with this prepared digest (the column, as stored) in append order, a batch at a time with their
-        index rows: what Verifier.verify_many reads to audit an experiment.
+        index rows: what Verifier.verify_experiment reads to audit an experiment.
 
         An experiment whose rows fill most of their seq range (a ledger of one experiment, or of a few run one
         after another) is read as that range of the primary key, other receipts' rows in it left out here: a row
