@@ -239,6 +239,7 @@ class Verifier:
         self._memo = Memo()
         self._states = StateCache()
         self._prefetched: set[str] = set()
+        self._base: KindCheckContext | None = None  # see _context
 
     @property
     def rescore_seed(self) -> int:
@@ -248,6 +249,16 @@ class Verifier:
 
             self._seed = secrets.randbits(32)
         return self._seed
+
+    def _context(self, receipt: Receipt, closure: dict[str, Receipt]) -> KindCheckContext:
+        """The kind checks' context for ``receipt``: this verifier's ledger, artifacts and options, as they are at
+        its first check (they are not changed afterwards), made once and copied per receipt."""
+        if self._base is None:
+            assert self.artifacts is not None  # kind checks run only with the artifacts (verify returns before)
+            self._base = KindCheckContext(self.store, receipt, closure, self.artifacts, self.require_artifacts,
+                                          self.rescore, self.rescore_seed, self.runner, self._memo)
+            return self._base
+        return self._base.for_receipt(receipt, closure)
 
     @property
     def chained(self) -> set[str]:
@@ -303,8 +314,7 @@ class Verifier:
                 key = (r.id, tuple(x.id for x in prepares if x.prepared == r.prepared))
                 lines = known.checked.get(key)
                 if lines is None:
-                    ctx = KindCheckContext(self.store, r, closure, self.artifacts, self.require_artifacts,
-                                           self.rescore, self.rescore_seed, self.runner, self._memo)
+                    ctx = self._context(r, closure)
                     lines = [line for check in checks_for(r.kind) for line in check(ctx)]
                     known.checked[key] = lines
                 report.checks.extend(lines)
@@ -383,9 +393,7 @@ class Verifier:
         key = (receipt.id, same)
         lines = known.checked.get(key)
         if lines is None:
-            ctx = KindCheckContext(self.store, receipt, _Ancestry(receipt, known),  # type: ignore[arg-type]
-                                   self.artifacts, self.require_artifacts, self.rescore, self.rescore_seed,
-                                   self.runner, self._memo)
+            ctx = self._context(receipt, _Ancestry(receipt, known))  # type: ignore[arg-type]
             lines = [line for check in checks_for(receipt.kind) for line in check(ctx)]
             known.checked[key] = lines
         if receipt.artifacts:
