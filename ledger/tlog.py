@@ -164,9 +164,10 @@ class Fold:
 
 
 def log_size(reads: Reads) -> int:
-    """The number of leaves (leaf indexes are contiguous from 0: the largest plus one)."""
-    top = scalar(reads, "SELECT max(leaf_index) FROM log_leaves")
-    return 0 if top is None else int(top) + 1
+    """The number of leaves (leaf indexes are contiguous from 0: the last one's plus one, read as the append path
+    reads it)."""
+    top = reads.all(_LAST_LEAF)
+    return int(top[0][0]) + 1 if top else 0
 
 
 _ORIGIN = "SELECT origin FROM log_info WHERE id = 1"
