@@ -166,10 +166,18 @@ class Receipt:
 
         Its fields are the document's values, containers copied as ``__init__`` would (``parents`` a tuple of the
         list's items, ``artifacts`` and ``measurements`` dicts), so ``to_document()`` equals the document. ``owned``:
-        the document was parsed for this receipt and nothing else holds it, so its dicts are taken, not copied.
+        the document was parsed for this receipt and nothing else holds it, so it is taken (and changed), not
+        copied.
         tests/ledger/test_receipts.py checks that this and the validating constructor build the same receipt."""
         receipt = object.__new__(cls)
         kind = document["kind"]
+        if owned and type(document) is dict and type(kind) is str:
+            # The parsed dict becomes the receipt's attributes (its keys are the fields and the two constants, which
+            # go): half of building a fresh one, per stored receipt read.
+            del document["v"], document["alg"]
+            document["parents"] = tuple(document["parents"])
+            object.__setattr__(receipt, "__dict__", document)
+            return receipt
         receipt.__dict__.update(
             kind=kind if type(kind) is str else str(kind),  # a Kind member: its plain value, as __post_init__ does
             run=document["run"],

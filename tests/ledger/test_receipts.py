@@ -206,5 +206,6 @@ def test_parsing_builds_what_the_validating_constructor_builds(receipt: Receipt)
         assert type(getattr(parsed, name)) is type(getattr(built, name)), name
     assert parsed.to_document() == digests.parse_canonical(receipt.body)
     assert digests.canonical_bytes(parsed.to_document()) == receipt.body == parsed.body
+    assert set(vars(parsed)) <= {*names, "body", "id"}  # the parsed dict's constants (v, alg) are not attributes
     assert parsed.id == receipt.id and Receipt.from_document(parsed.to_document()) == receipt
     assert type(Receipt.from_document({**parsed.to_document(), "kind": Kind(receipt.kind)}).kind) is str
