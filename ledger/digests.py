@@ -518,14 +518,8 @@ def _not_regular(path: str | os.PathLike[str], mode: int) -> UnsafeFile:
 
 
 def receipt_id(body: bytes) -> str:
-    """A receipt's id: the receipt-domain digest of its canonical bytes (digest_bytes, without looking the domain
-    up: every stored receipt is hashed again at every read)."""
-    hasher = _RECEIPT_HASHER.copy()
-    hasher.update(body)
-    return _PREFIX + hasher.hexdigest()
-
-
-_RECEIPT_HASHER: Final = _DOMAIN_HASHERS["receipt"]
+    """A receipt's id: the receipt-domain digest of its canonical bytes."""
+    return digest_bytes("receipt", body)
 
 
 # ------------------------------------------------------------------------------------------ composite digests

@@ -186,13 +186,10 @@ class Receipt:
             prepared=document["prepared"],
             selection=document["selection"],
             parents=tuple(document["parents"]),
-            artifacts=document["artifacts"] if owned else dict(document["artifacts"]),
-            measurements=document["measurements"] if owned else dict(document["measurements"]),
+            artifacts=dict(document["artifacts"]),
+            measurements=dict(document["measurements"]),
         )
         return receipt
-
-
-_digest_match: Final = digests.DIGEST_RE.fullmatch
 
 
 def _natural(value: object) -> bool:
@@ -228,9 +225,9 @@ def validate_fields(doc: Any) -> None:
     if run is not None and not _well_formed(run, _NAME_RE):
         raise MalformedReceipt(f"run: expected null or a name matching {_NAME_RE.pattern}, got {run!r}")
     rank, step = doc["rank"], doc["step"]
-    if rank is not None and not (type(rank) is int and rank >= 0 or _natural(rank)):
+    if rank is not None and not _natural(rank):
         raise MalformedReceipt(f"rank: expected null or a non-negative integer, got {rank!r}")
-    if step is not None and not (type(step) is int and step >= 0 or _natural(step)):
+    if step is not None and not _natural(step):
         raise MalformedReceipt(f"step: expected null or a non-negative integer, got {step!r}")
     prepared, selection = doc["prepared"], doc["selection"]
     if prepared is not None and not _well_formed(prepared, digests.DIGEST_RE):
@@ -241,7 +238,7 @@ def validate_fields(doc: Any) -> None:
     if not isinstance(parents, (list, tuple)):
         raise MalformedReceipt("parents: expected a list of receipt ids")
     for p in parents:
-        if not (type(p) is str and _digest_match(p) is not None or digests.is_digest(p)):
+        if not digests.is_digest(p):
             raise MalformedReceipt(f"parents: {p!r} is not blake3:<64 hex>")
     count = len(parents)  # two parents (the common case beyond one) are in order if the first is the smaller
     if count > 1 and (parents[0] >= parents[1] if count == 2 else list(parents) != sorted(set(parents))):
