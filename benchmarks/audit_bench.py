@@ -328,6 +328,14 @@ def digest_section(tmp: Path, n: int) -> None:
 # ------------------------------------------------------------------------------------------------- scan
 
 
+def copy_ledger(src: Path, dst: Path) -> None:
+    """A copy of the SQLite ledger ``src`` at ``dst``, by SQLite's online backup."""
+    source, target = sqlite3.connect(src), sqlite3.connect(dst)
+    source.backup(target)
+    source.close()
+    target.close()
+
+
 def other_experiment(n: int) -> list[Receipt]:
     """Another experiment's prepare receipt (its artifacts' bytes absent: it is never audited) and ``n`` notes."""
     artifacts = {name: digests.raw_digest(b"other " + name.encode()) for name in ("config", "data", "seed_model")}
@@ -360,11 +368,7 @@ def scan_section(tmp: Path, count: int, exp: Path | None, n: int) -> None:
     db = tmp / "scan.db"
     root: Receipt
     if exp is not None:  # the extra receipts join the experiment's ledger (a copy): notes under its prepare receipt
-        src = sqlite3.connect(exp / "ledger.db")
-        dst = sqlite3.connect(db)
-        src.backup(dst)
-        src.close()
-        dst.close()
+        copy_ledger(exp / "ledger.db", db)
         store = Store.open(db)
         root = store.find(kind="prepare")[-1].receipt
         base = store.count()
@@ -432,12 +436,8 @@ def scan_section(tmp: Path, count: int, exp: Path | None, n: int) -> None:
         # The same number of receipts of another experiment appended to the ledger after EXP's: what a shared
         # ledger holds. The audit of EXP must not pay for them more than reading and re-hashing them (raw).
         say(f"audit with {count:,} receipts of another experiment in the ledger")
-        shared_db = tmp / "shared.db"
-        src, dst = sqlite3.connect(exp / "ledger.db"), sqlite3.connect(shared_db)
-        src.backup(dst)
-        src.close()
-        dst.close()
-        shared = Store.open(shared_db)
+        copy_ledger(exp / "ledger.db", tmp / "shared.db")
+        shared = Store.open(tmp / "shared.db")
         theirs = other_experiment(count)
         for start in range(0, len(theirs), 1000):
             shared.append_many(theirs[start : start + 1000])
