@@ -44,7 +44,10 @@ ZYGOTE = textwrap.dedent(
     tag = "-"
 
     def say(*words):
-        print(tag, *words, flush=True)  # one short write per line: atomic on the shared pipe
+        # One write(2) per line: a short write is atomic on the shared pipe. print() is not one: with
+        # PYTHONUNBUFFERED (CI sets it) each argument is its own write, so a SIGKILL between two of them
+        # left half a line that the zygote's "exit" line was glued onto.
+        os.write(1, (" ".join(map(str, (tag, *words))) + "\\n").encode())
 
     def hooked(src, dst):
         say("renaming", dst.name)
@@ -122,9 +125,12 @@ class Zygote:
             self.cond.wait_for(lambda: found() is not None or self.eof, timeout)
             line = found()
         if line is None:
+            with self.cond:
+                eof, seen = self.eof, [" ".join(ln) for ln in self.lines if ln and ln[0] == tag][-5:]
             self.close()
             stderr = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"no line {tag} ... as expected; stderr: {stderr[-3000:]}")
+            raise AssertionError(f"no line {tag} ... as expected ({'the zygote ended' if eof else f'{timeout} s'}); "
+                                 f"its last lines: {seen}; stderr: {stderr[-3000:]}")
         return line
 
     def start(self, tag: str, root: Path) -> int:
