@@ -519,6 +519,37 @@ def test_verify_many_checks_what_one_verify_each_does(ledger_db: Path, tmp_path:
 
 
 @pytest.mark.parametrize("way", ["many", "experiment"])
+@pytest.mark.parametrize("with_artifacts", [True, False])
+def test_verify_many_checks_a_receipt_with_verified_parents_alone(ledger_db: Path, tmp_path: Path, way: str,
+                                                                  with_artifacts: bool, monkeypatch: Any) -> None:
+    """A chain verified in order never goes back through verify (and its receipt's whole ancestry), with or
+    without artifacts: without them, each note used to, so verifying a chain of n took time quadratic in n."""
+    from verify.receipts import Verifier
+
+    checkpoint_ledger(ledger_db, tmp_path)
+    _notes_on(ledger_db, 40)
+    with Store.open(ledger_db) as store:
+        prepared = store.latest_prepared()
+        assert prepared is not None
+        ids = store.ids(prepared=prepared)
+        verifier = Verifier(store, ArtifactStore(default_root(store.url)) if with_artifacts else None)
+        through_verify: list[str] = []
+        verify = verifier.verify
+
+        def spied(ref: str, **kw: Any) -> Any:
+            through_verify.append(ref)
+            return verify(ref, **kw)
+
+        monkeypatch.setattr(verifier, "verify", spied)
+        if way == "many":
+            verifier.verify_many(ids)
+        else:
+            verifier.verify_experiment(prepared)
+        assert verifier.chained == set(ids)
+        assert through_verify == [], len(through_verify)
+
+
+@pytest.mark.parametrize("way", ["many", "experiment"])
 @pytest.mark.parametrize("tamper", ["body", "edge", "artifact"])
 def test_verify_many_fails_as_one_verify_each_does(ledger_db: Path, tmp_path: Path, tamper: str, way: str) -> None:
     from verify.receipts import Verifier
