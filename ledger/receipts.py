@@ -12,7 +12,7 @@ Every receipt body has exactly these keys (``null`` where a field does not apply
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -76,21 +76,33 @@ def _is_int(value: object) -> bool:
 
 # Strings already found well-formed, by validate_fields, which meets the same few again and again in a scan of a
 # ledger (run and artifact names, prepared and selection digests; not parents, each new). A bounded memo of a pure
-# predicate: it changes no verdict, only how often the regular expression runs.
-_WELL_FORMED: set[str] = set()
+# predicate: it changes no verdict, only how often the regular expression runs. One memo per pattern: a string
+# well-formed as a name ("abc") is not a digest.
 _WELL_FORMED_MAX: Final = 1 << 16
 
 
-def _well_formed(value: object, pattern: re.Pattern[str]) -> bool:
-    if type(value) is not str:
-        return isinstance(value, str) and pattern.fullmatch(value) is not None
-    if value in _WELL_FORMED:
+def _memoized_fullmatch(pattern: re.Pattern[str]) -> Callable[[object], bool]:
+    """Whether a value is a string that ``pattern`` matches in full, remembering (up to _WELL_FORMED_MAX) the
+    strings it matched."""
+    seen: set[str] = set()
+    fullmatch = pattern.fullmatch
+
+    def well_formed(value: object) -> bool:
+        if type(value) is not str:
+            return isinstance(value, str) and fullmatch(value) is not None
+        if value in seen:
+            return True
+        if fullmatch(value) is None:
+            return False
+        if len(seen) < _WELL_FORMED_MAX:
+            seen.add(value)
         return True
-    if pattern.fullmatch(value) is None:
-        return False
-    if len(_WELL_FORMED) < _WELL_FORMED_MAX:
-        _WELL_FORMED.add(value)
-    return True
+
+    return well_formed
+
+
+_well_formed_name: Final = _memoized_fullmatch(_NAME_RE)
+_well_formed_digest: Final = _memoized_fullmatch(digests.DIGEST_RE)
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,7 +234,7 @@ def validate_fields(doc: Any) -> None:
     if not isinstance(kind, str) or kind not in KINDS:
         raise MalformedReceipt(f"kind: {kind!r} is not one of {', '.join(sorted(KINDS))}")
     run = doc["run"]
-    if run is not None and not _well_formed(run, _NAME_RE):
+    if run is not None and not _well_formed_name(run):
         raise MalformedReceipt(f"run: expected null or a name matching {_NAME_RE.pattern}, got {run!r}")
     rank, step = doc["rank"], doc["step"]
     if rank is not None and not _natural(rank):
@@ -230,9 +242,9 @@ def validate_fields(doc: Any) -> None:
     if step is not None and not _natural(step):
         raise MalformedReceipt(f"step: expected null or a non-negative integer, got {step!r}")
     prepared, selection = doc["prepared"], doc["selection"]
-    if prepared is not None and not _well_formed(prepared, digests.DIGEST_RE):
+    if prepared is not None and not _well_formed_digest(prepared):
         raise MalformedReceipt(f"prepared: expected null or blake3:<64 hex>, got {prepared!r}")
-    if selection is not None and not _well_formed(selection, digests.DIGEST_RE):
+    if selection is not None and not _well_formed_digest(selection):
         raise MalformedReceipt(f"selection: expected null or blake3:<64 hex>, got {selection!r}")
     parents = doc["parents"]
     if not isinstance(parents, (list, tuple)):
@@ -247,7 +259,7 @@ def validate_fields(doc: Any) -> None:
     if not _mapping(artifacts):
         raise MalformedReceipt("artifacts: expected an object of name -> digest")
     for name, value in artifacts.items():
-        if not _well_formed(name, _NAME_RE):
+        if not _well_formed_name(name):
             raise MalformedReceipt(f"artifacts: bad name {name!r}")
         if not digests.is_digest(value):
             raise MalformedReceipt(f"artifacts.{name}: {value!r} is not blake3:<64 hex>")

@@ -151,6 +151,16 @@ def test_malformed_shapes_rejected_naming_the_field(changes: dict[str, Any], fie
         Receipt.from_document(doc)
 
 
+def test_a_verdict_does_not_depend_on_what_was_validated_before() -> None:
+    """The memo of well-formed strings is per pattern: a run or artifact name seen first (and remembered) is still
+    not a digest where a digest is required."""
+    for name in ("abc", "run-7", "blake3:not-hex"):
+        Receipt.from_bytes(_body(_mutated(run=name, artifacts={name: D1})))  # well-formed as names
+        for field in ("prepared", "selection"):
+            with pytest.raises(MalformedReceipt, match=f"malformed receipt: {field}: expected null or blake3"):
+                Receipt.from_bytes(_body(_mutated(**{field: name})))
+
+
 def test_missing_and_extra_fields_are_listed() -> None:
     with pytest.raises(MalformedReceipt, match=r"missing \['step'\], unexpected \['steps'\]"):
         Receipt.from_document({**{k: v for k, v in valid_document().items() if k != "step"}, "steps": 1})
