@@ -280,12 +280,16 @@ _LONG_INT_AT_START: Final = b"0" * 19
 # (test_fast_encoder_and_parser_agree_at_the_depth_limit would see a change of orjson's limit).
 _UNSURE: Final = object()
 _ORJSON_CANONICAL: Final = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
+# The two searches as literal patterns: SRE's literal search takes half the time of ``bytes in`` on a receipt body
+# (0.27 against 0.55 us for "e-", whose "e" fills every hex digest); one pattern with both would be slower.
+_EXPONENT_MINUS: Final = re.compile(rb"e-").search
+_FOUR_ZEROS: Final = re.compile(rb"0\.0000").search
 
 
 def _orjson_round_trip(data: bytes) -> Any:
     """The value of ``data`` if orjson re-encodes it to exactly ``data`` where its encoding is the canonical one,
     else _UNSURE (never an error of its own). Such a value is within the limits of receipts.md §1."""
-    if b"e-" in data or b"0.0000" in data:
+    if _EXPONENT_MINUS(data) is not None or _FOUR_ZEROS(data) is not None:  # b"e-" in data or b"0.0000" in data
         return _UNSURE
     try:
         value = orjson.loads(data)
