@@ -377,8 +377,8 @@ class Verifier:
         known.receipts[receipt.id] = (row.seq, receipt)
         # check_row matched the edges with the parents the body names, unless some edge's parent row is gone (its
         # marker is no receipt id, so never verified): every edge's parent verified means the body's are. A verifier
-        # without artifacts checks none, for any receipt: there a parent's artifacts are not waited for (they were,
-        # and every receipt after the first went through verify and its whole ancestry: quadratic in a chain).
+        # without artifacts records no artifact checks, for any receipt, so there it waits for none (waiting sent
+        # every receipt after the first through verify and its whole ancestry: quadratic in a chain).
         artifacts_checked = known.artifacts if self.artifacts is not None else known.chained
         for e in edges:
             p = e.parent
