@@ -52,11 +52,22 @@ class StoredRow(NamedTuple):
     recorded_ns: int
 
     def body_bytes(self) -> bytes:
-        """The body as the bytes it holds (a TEXT body, left by the sqlite3 shell, as its UTF-8, never a crash)."""
-        return self.body if isinstance(self.body, bytes) else str(self.body).encode("utf-8", "surrogatepass")
+        """The body as the bytes it holds (see :func:`stored_bytes`)."""
+        return stored_bytes(self.body)
 
     def to_receipt(self) -> Receipt:
         return Receipt.from_bytes(self.body_bytes())
+
+
+def stored_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
+    """A stored body's bytes as the driver returns them: a BLOB as bytes (a memoryview or bytearray copied), a TEXT
+    body as its UTF-8 (sqlite3's ``replace()`` on a BLOB stores TEXT: a tampered row must be verified, not crash the
+    reader). Every reader of a receipt's stored body goes through here."""
+    if type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    return bytes(value)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ from ledger.reads import (
     parsed,
     pick,
     scalar,
+    stored_bytes,
 )
 from ledger.receipts import Receipt
 from ledger.signing import load_private_key
@@ -647,7 +648,7 @@ class Store:
             if row is None:
                 raise UnknownReceipt(rid)
             seq, body = row
-            receipt = Receipt.from_bytes(bytes(body))
+            receipt = Receipt.from_bytes(stored_bytes(body))
             for name, uri in sorted(places.items()):
                 if name not in receipt.artifacts:
                     raise InputError(f"receipt {rid} has no artifact {name!r} to locate")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ledger import digests, merkle, note, tlog
 from ledger.artifacts import ArtifactStore, atomic_write
 from ledger.errors import DigestMismatch, InputError, LookupFailed, UnknownReceipt, VerificationError
-from ledger.reads import Reads
+from ledger.reads import Reads, stored_bytes
 from ledger.receipts import Kind, Receipt, make_receipt
 from ledger.rules import KEY_FORMAT, KEY_REVOCATION_FORMAT
 from ledger.signing import ReceiptSignature, generate_key, load_private_key, load_public_key, save_private_key
@@ -174,7 +174,7 @@ def logged_key_receipts(store: Store) -> list[LoggedKeyReceipt]:
                          "ON l.receipt_seq = r.seq WHERE r.kind = ? ORDER BY r.seq", (Kind.KEY.value,))
     out: list[LoggedKeyReceipt] = []
     for seq, rid, body, leaf in sorted(rows, key=lambda r: (r[3] is None, r[3] if r[3] is not None else r[0])):
-        body = bytes(body)
+        body = stored_bytes(body)
         actual = digests.receipt_id(body)
         if actual != rid:
             raise DigestMismatch("receipt id does not recompute from the stored body", expected=rid, actual=actual,
@@ -355,7 +355,7 @@ def iter_logged(reads: Reads, *, batch: int = 5000, bodies: bool = True) -> Iter
             tlog.node_pos(0, first), tlog.node_pos(0, last)))}
         for leaf, seq, rid, body in rows:
             mine = tuple(sorted(sigs.get(seq, ()), key=lambda s: s.key.encode()))
-            yield LoggedRow(int(leaf), int(seq), rid, None if body is None else bytes(body), mine,
+            yield LoggedRow(int(leaf), int(seq), rid, None if body is None else stored_bytes(body), mine,
                             hashes.get(int(leaf)))
         start = int(rows[-1][0]) + 1
 

@@ -39,7 +39,7 @@ from urllib.parse import quote
 from ledger import digests, merkle, note, tlog
 from ledger.artifacts import ArtifactStore, atomic_write
 from ledger.errors import DigestMismatch, VerificationError
-from ledger.reads import Reads, marks, scalar
+from ledger.reads import Reads, marks, scalar, stored_bytes
 from ledger.receipts import Receipt
 from ledger.revocation import Revocation, all_revocations
 from ledger.signing import ReceiptSignature, verify_receipt_signature
@@ -540,7 +540,7 @@ def _included(conn: Reads, cp: note.Checkpoint, size: int, root: bytes, receipts
     bodies = [row for i in range(0, len(listed), 500) for row in conn.all(
         f"SELECT id, body FROM receipts WHERE id IN ({marks(len(listed[i:i + 500]))})", listed[i:i + 500])]
     for rid, body in bodies:
-        for parent in Receipt.from_bytes(bytes(body)).parents:
+        for parent in Receipt.from_bytes(stored_bytes(body)).parents:
             if parent in index_of and index_of[parent] > index_of[rid]:
                 raise LogReordered(rid, f"is at leaf {index_of[rid]}, before its parent {parent} at leaf "
                                    f"{index_of[parent]}", expected=f"> {index_of[parent]}", actual=index_of[rid])

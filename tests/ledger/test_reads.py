@@ -207,3 +207,14 @@ def test_ledger_verify_of_a_receipt_imports_no_sqlalchemy(ledger: tuple[Path, li
     assert text.startswith(f"OK {receipts[5].id}: 1 receipt(s) recomputed and chained")
     assert not {m for m in modules if m.startswith("sqlalchemy")}
     assert "verify.evaluation" not in modules and "verify.serving_receipts" not in modules
+
+
+def test_a_stored_body_is_read_as_the_bytes_it_holds_whatever_the_driver_returns() -> None:
+    """A BLOB comes back as bytes (memoryview or bytearray from some drivers), a TEXT body (sqlite3's replace() on a
+    BLOB) as str: each is its bytes, the text its UTF-8 with lone surrogates kept, never a crash or a repr."""
+    body = b'{"kind":"note","text":"\xc3\xa9"}'
+    for stored in (body, bytearray(body), memoryview(body), body.decode("utf-8")):
+        assert reads.stored_bytes(stored) == body and type(reads.stored_bytes(stored)) is bytes
+    assert reads.stored_bytes("\ud800") == b"\xed\xa0\x80"
+    assert reads.StoredRow(1, "id", "note", None, None, None, None, None, body.decode("utf-8"), 0).body_bytes() == body
+

@@ -256,6 +256,32 @@ def test_a_key_receipt_edited_to_name_another_key_is_caught(small: Signed) -> No
         vt.check_signatures(store)
 
 
+def test_bodies_the_sqlite3_shell_rewrote_as_text_are_verified_not_crashed_on(small: Signed) -> None:
+    """sqlite3's replace() on a BLOB stores TEXT. Every reader of stored bodies (the log refolded against a head, the
+    parents' order, the key receipts) reads it as its UTF-8: the same bytes verify, other bytes fail in one line
+    naming the receipt (it used to be a TypeError traceback from bytes(str))."""
+    head = ["verify", "--db", str(small.db), "--head", str(small.head)]
+    with closing(sqlite3.connect(small.db)) as conn, conn:
+        key_id, = conn.execute("SELECT id FROM receipts WHERE kind = 'key'").fetchone()
+        last_id, = conn.execute("SELECT id FROM receipts ORDER BY seq DESC LIMIT 1").fetchone()
+        conn.execute("UPDATE receipts SET body = replace(body, '\"v\":1', '\"v\":1')")  # every body TEXT, same bytes
+        assert conn.execute("SELECT count(*) FROM receipts WHERE typeof(body) != 'text'").fetchone() == (0,)
+    code, stdout, stderr = cli(*head)
+    assert code == 0, (stdout, stderr)
+    with small.store() as store:
+        assert [k.receipt.id for k in tp.logged_key_receipts(store)] == [key_id]
+    for rid in (last_id, key_id):
+        with closing(sqlite3.connect(small.db)) as conn, conn:
+            conn.execute("UPDATE receipts SET body = replace(body, '\"v\":1', '\"v\":2') WHERE id = ?", (rid,))
+        assert_one_line(head, f"receipt {rid}: receipt id does not recompute from the stored body")
+        with closing(sqlite3.connect(small.db)) as conn, conn:
+            conn.execute("UPDATE receipts SET body = replace(body, '\"v\":2', '\"v\":1') WHERE id = ?", (rid,))
+    with closing(sqlite3.connect(small.db)) as conn, conn:
+        conn.execute("UPDATE receipts SET body = replace(body, '\"v\":1', '\"v\":2') WHERE id = ?", (key_id,))
+    with small.store() as store, pytest.raises(VerificationError, match="does not recompute"):
+        tp.logged_key_receipts(store)
+
+
 # ------------------------------------------------------------------------------------------- head: the rewrites
 
 
