@@ -59,15 +59,17 @@ class StoredRow(NamedTuple):
         return Receipt.from_bytes(self.body_bytes())
 
 
-def stored_bytes(value: bytes | bytearray | memoryview | str) -> bytes:
-    """A stored body's bytes as the driver returns them: a BLOB as bytes (a memoryview or bytearray copied), a TEXT
-    body as its UTF-8 (sqlite3's ``replace()`` on a BLOB stores TEXT: a tampered row must be verified, not crash the
-    reader). Every reader of a receipt's stored body goes through here."""
+def stored_bytes(value: object) -> bytes:
+    """The bytes of a stored BLOB (a body, a signature, a hash) as the driver returns it: bytes as they are, a
+    memoryview or bytearray copied, anything else as its text's UTF-8. SQLite stores whatever a writer gives it:
+    ``replace()`` on a BLOB stores TEXT, an UPDATE can store an integer; a tampered row must be verified (and fail
+    there), never crash the reader or allocate what an integer names. Every reader of such a column goes through
+    here."""
     if type(value) is bytes:
         return value
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass")
-    return bytes(value)
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return str(value).encode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True)

@@ -627,8 +627,12 @@ class Store:
                     out[digest].append(self._resolved(uri))
         return out
 
-    def _resolved(self, uri: str) -> str:
-        """A recorded location with a relative path made relative to the ledger's directory."""
+    def _resolved(self, uri: object) -> str:
+        """A recorded location with a relative path made relative to the ledger's directory. A value that is not
+        text (a writer can store a BLOB or an integer in the column) names no place: it is kept as its repr, which
+        the artifact check then reports as a copy missing there."""
+        if type(uri) is not str:
+            return repr(uri)
         base = self.directory
         if base is None or not uri or "://" in uri or os.path.isabs(uri):
             return uri

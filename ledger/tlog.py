@@ -34,7 +34,7 @@ from ledger import merkle
 from ledger.database import copy_rows, driver_cursor
 from ledger.errors import VerificationError
 from ledger.note import Signer
-from ledger.reads import CursorReads, DriverReads, Reads, marks, scalar
+from ledger.reads import CursorReads, DriverReads, Reads, marks, scalar, stored_bytes
 from ledger.signing import raw_id, sign_batch
 
 if TYPE_CHECKING:
@@ -56,6 +56,12 @@ class LeafSignature(NamedTuple):
 
     key: str
     signature: bytes
+
+    @classmethod
+    def stored(cls, key: object, signature: object) -> LeafSignature:
+        """A receipt_signatures row's key and signature as stored, whatever types a writer gave them (the key as
+        its text, the signature as :func:`~ledger.reads.stored_bytes`): the check then fails on them, not the read."""
+        return cls(key if type(key) is str else str(key), stored_bytes(signature))
 
 
 class LogEntry(NamedTuple):
@@ -129,7 +135,7 @@ class DbNodes:
             by_pos = {node_pos(level, idx): (level, idx) for level, idx in chunk}
             rows = self.source.all(f"SELECT pos, hash FROM log_nodes WHERE pos IN ({marks(len(by_pos))})",
                                    tuple(by_pos))
-            found.update((by_pos[pos], bytes(h)) for pos, h in rows)
+            found.update((by_pos[pos], stored_bytes(h)) for pos, h in rows)
         self.reads += len(wanted)
         missing = [a for a in wanted if a not in found]
         if missing:
@@ -202,7 +208,7 @@ def signatures_by_seq(reads: Reads, seqs: Sequence[int]) -> dict[int, tuple[Leaf
         chunk = list(seqs[i:i + _CHUNK])
         for seq, key, sig in reads.all("SELECT receipt_seq, key, signature FROM receipt_signatures "
                                        f"WHERE receipt_seq IN ({marks(len(chunk))})", chunk):
-            out.setdefault(seq, []).append(LeafSignature(key, bytes(sig)))
+            out.setdefault(seq, []).append(LeafSignature.stored(key, sig))
     return {seq: tuple(sorted(sigs, key=lambda s: s.key.encode())) for seq, sigs in out.items()}
 
 

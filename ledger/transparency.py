@@ -346,12 +346,16 @@ def iter_logged(reads: Reads, *, batch: int = 5000, bodies: bool = True) -> Iter
         rows = reads.all(sql, (start, batch))
         if not rows:
             return
+        for leaf, seq, *_ in rows:  # integers as the schema declares them, unless a writer stored other values there
+            if type(leaf) is not int or type(seq) is not int:
+                raise LogCorrupt(f"a log_leaves row holds ({leaf!r}, {seq!r}), not a leaf index and a receipt seq",
+                                 expected="two integers", actual=f"{leaf!r}, {seq!r}")
         seqs = [r[1] for r in rows]
         sigs: dict[int, list[LeafSignature]] = {}
         for seq, key, sig in reads.all(_SIGS_IN_RANGE, (min(seqs), max(seqs))):
-            sigs.setdefault(seq, []).append(LeafSignature(key, bytes(sig)))
+            sigs.setdefault(seq, []).append(LeafSignature.stored(key, sig))
         first, last = int(rows[0][0]), int(rows[-1][0])
-        hashes = {int(i): bytes(h) for i, h in reads.all(_LEAF_HASHES_IN_RANGE, (
+        hashes = {int(i): stored_bytes(h) for i, h in reads.all(_LEAF_HASHES_IN_RANGE, (
             tlog.node_pos(0, first), tlog.node_pos(0, last)))}
         for leaf, seq, rid, body in rows:
             mine = tuple(sorted(sigs.get(seq, ()), key=lambda s: s.key.encode()))

@@ -332,7 +332,7 @@ def check_signatures(store: Store, receipts: Iterable[str] | None = None, *, req
 
 def _stored_leaf(conn: Reads, index: int) -> bytes | None:
     found = scalar(conn, "SELECT hash FROM log_nodes WHERE pos = ?", (tlog.node_pos(0, index),))
-    return None if found is None else bytes(found)
+    return None if found is None else stored_bytes(found)
 
 
 def _check_stored_leaf(conn: Reads, rid: str, index: int, seq: int, entry: tlog.LogEntry,

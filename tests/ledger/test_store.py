@@ -419,6 +419,20 @@ def test_locations_are_idempotent(store: Store) -> None:
     assert store.locations(digests.raw_digest(b"other")) == []
 
 
+def test_a_location_stored_as_another_type_names_no_place(sqlite_store: Store, ledger_db: Path) -> None:
+    """SQLite keeps a BLOB written into the TEXT column of locations: read as its repr, it names no place (the
+    artifact check reports the copy missing there), and never fails the read (a TypeError before)."""
+    d = digests.raw_digest(b"artifact")
+    for uri in ("/somewhere/a", "/somewhere/b", "/somewhere/c"):
+        sqlite_store.add_location(d, uri)
+    with sqlite3.connect(ledger_db) as conn:
+        conn.execute("UPDATE artifact_locations SET uri = X'00ff' WHERE uri = '/somewhere/a'")
+        conn.execute("UPDATE artifact_locations SET uri = 17 WHERE uri = '/somewhere/b'")
+    # the integer took the column's TEXT affinity: '17', a relative path like any other
+    assert sqlite_store.locations(d) == ["b'\\x00\\xff'", str(ledger_db.parent / "17"), "/somewhere/c"]
+    assert sqlite_store.locations_of([d]) == {d: sqlite_store.locations(d)}
+
+
 def test_iter_rows_streams_in_append_order(store: Store) -> None:
     receipts = [note(i) for i in range(12)]
     store.append_many(receipts)

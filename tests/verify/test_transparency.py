@@ -282,6 +282,25 @@ def test_bodies_the_sqlite3_shell_rewrote_as_text_are_verified_not_crashed_on(sm
         tp.logged_key_receipts(store)
 
 
+_LAST = "(SELECT max(seq) FROM receipts)"
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (f"UPDATE receipt_signatures SET signature = 'text' WHERE receipt_seq = {_LAST}", "receipt rewritten"),
+    (f"UPDATE receipt_signatures SET signature = 7 WHERE receipt_seq = {_LAST}", "receipt rewritten"),
+    (f"UPDATE receipt_signatures SET key = 5 WHERE receipt_seq = {_LAST}", "receipt rewritten"),
+    ("UPDATE log_nodes SET hash = 'text' WHERE level = 0 AND idx = 1", "receipt rewritten"),
+    ("UPDATE log_leaves SET receipt_seq = 'x' WHERE leaf_index = 1", "not a leaf index and a receipt seq"),
+])
+def test_log_columns_holding_another_type_are_caught_in_one_line(small: Signed, edit: str, named: str) -> None:
+    """SQLite stores whatever an UPDATE gives a column: text or an integer where the schema says BLOB, text where it
+    says INTEGER. The log's readers take the values as stored and the checks fail on them, naming what is wrong
+    (each was a TypeError traceback)."""
+    with closing(sqlite3.connect(small.db)) as conn, conn:
+        assert conn.execute(edit).rowcount == 1
+    assert_one_line(["verify", "--db", str(small.db), "--head", str(small.head)], named)
+
+
 # ------------------------------------------------------------------------------------------- head: the rewrites
 
 
