@@ -410,3 +410,93 @@ def test_append_json_counts_what_this_call_stored_while_others_write(ledger_db: 
     assert (doc["appended"], doc["existing"]) == (len(chain.receipts()) - 2, 2)
     result = run("append", tmp_path / "r.jsonl", "--db", ledger_db)
     assert result.stdout.splitlines()[-1] == f"0 appended, {len(chain.receipts())} already present"
+
+
+# ------------------------------------------------------------------- a tampered ledger, one column at a time
+# SQLite stores whatever an UPDATE gives it, of any type in any column. Each edit below is made on a copy of the
+# session's tiny experiment (signed, its log head exported by the main job) with the sqlite3 module, as someone
+# with the file could. Every command then answers with its documented exit code and, when it fails, one line: no
+# traceback (these found five). The second member of each entry names the commands that must fail on the edit; the
+# others may pass or fail (a location that names the ledger's directory is a bad copy), but answer the same way.
+
+_MID = "(SELECT seq FROM receipts WHERE kind = 'train-end' ORDER BY seq LIMIT 1)"
+_KEY = "(SELECT seq FROM receipts WHERE kind = 'key' LIMIT 1)"
+_MID_LEAF = f"(SELECT leaf_index FROM log_leaves WHERE receipt_seq = {_MID})"
+_ROW = ("verify",)  # the settlement's ancestry includes the edited row; the log holds no index columns
+_LOG = ("verify", "head")  # a leaf (its receipt's body, id or signatures) recomputes otherwise
+
+COLUMN_EDITS: dict[str, tuple[str, tuple[str, ...]]] = {  # name: (the edit, the commands that must fail)
+    "body empty": (f"UPDATE receipts SET body = X'' WHERE seq = {_MID}", _LOG),
+    "body text": (f"UPDATE receipts SET body = 'garbage' WHERE seq = {_MID}", _LOG),
+    "body random": (f"UPDATE receipts SET body = randomblob(300) WHERE seq = {_MID}", _LOG),
+    "body integer": (f"UPDATE receipts SET body = 4096 WHERE seq = {_MID}", _LOG),
+    "body edited as text": (f"UPDATE receipts SET body = replace(body, '\"v\":1', '\"v\":2') WHERE seq = {_MID}", _LOG),
+    "key body edited": (f"UPDATE receipts SET body = replace(body, '\"v\":1', '\"v\":2') WHERE seq = {_KEY}", _LOG),
+    "id not a digest": (f"UPDATE receipts SET id = 'x' WHERE seq = {_MID}", _LOG),
+    "id integer": (f"UPDATE receipts SET id = 7 WHERE seq = {_MID}", _LOG),
+    "id blob": (f"UPDATE receipts SET id = X'00' WHERE seq = {_MID}", _LOG),
+    "kind unknown": (f"UPDATE receipts SET kind = 'bogus' WHERE seq = {_MID}", _ROW),
+    "rank text": (f"UPDATE receipts SET rank = 'abc' WHERE seq = {_MID}", _ROW),
+    "step negative": (f"UPDATE receipts SET step = -1 WHERE seq = {_MID}", _ROW),
+    "step huge": (f"UPDATE receipts SET step = 9223372036854775807 WHERE seq = {_MID}", _ROW),
+    "prepared null": (f"UPDATE receipts SET prepared = NULL WHERE seq = {_MID}", _ROW),
+    "prepared blob": (f"UPDATE receipts SET prepared = X'00ff' WHERE seq = {_MID}", _ROW),
+    "run blob": (f"UPDATE receipts SET run = X'00' WHERE seq = {_MID}", _ROW),
+    "edges deleted": (f"DELETE FROM receipt_parents WHERE child_seq = {_MID}", _ROW),
+    "edge to no row": (f"UPDATE receipt_parents SET parent_seq = 999999 WHERE child_seq = {_MID}", _ROW),
+    "edge parent text": (f"UPDATE receipt_parents SET parent_seq = 'x' WHERE child_seq = {_MID}", _ROW),
+    "edge child text": (f"UPDATE receipt_parents SET child_seq = 'x' WHERE child_seq = {_MID}", _ROW),
+    "artifact digest": (f"UPDATE receipt_artifacts SET digest = 'x' WHERE receipt_seq = {_MID}", _ROW),
+    "artifact digest blob": (f"UPDATE receipt_artifacts SET digest = X'0102' WHERE receipt_seq = {_MID}", _ROW),
+    "artifact row text": (f"UPDATE receipt_artifacts SET receipt_seq = 'x' WHERE receipt_seq = {_MID}", _ROW),
+    "signature text": (f"UPDATE receipt_signatures SET signature = 'text' WHERE receipt_seq = {_MID}", _LOG),
+    "signature short": (f"UPDATE receipt_signatures SET signature = X'00' WHERE receipt_seq = {_MID}", _LOG),
+    "signature integer": (f"UPDATE receipt_signatures SET signature = 7 WHERE receipt_seq = {_MID}", _LOG),
+    "signature key unknown": (f"UPDATE receipt_signatures SET key = 'x' WHERE receipt_seq = {_MID}", _LOG),
+    "signature key integer": (f"UPDATE receipt_signatures SET key = 5 WHERE receipt_seq = {_MID}", _LOG),
+    "signature row text": (f"UPDATE receipt_signatures SET receipt_seq = 'x' WHERE receipt_seq = {_MID}", _LOG),
+    "leaf seq text": (f"UPDATE log_leaves SET receipt_seq = 'x' WHERE receipt_seq = {_MID}", _LOG),
+    "leaf index gap": (f"UPDATE log_leaves SET leaf_index = leaf_index + 100000 WHERE receipt_seq = {_MID}", _LOG),
+    "leaf hash text": (f"UPDATE log_nodes SET hash = 'text' WHERE level = 0 AND idx = {_MID_LEAF}", _LOG),
+    "leaf hash short": (f"UPDATE log_nodes SET hash = X'00' WHERE level = 0 AND idx = {_MID_LEAF}", _LOG),
+    "origin integer": ("UPDATE log_info SET origin = 5", ("head",)),
+    "log info deleted": ("DELETE FROM log_info", ("head",)),
+    "location blob": ("UPDATE artifact_locations SET uri = X'00ff' WHERE rowid = 1", ()),
+    "location empty": ("UPDATE artifact_locations SET uri = '' WHERE rowid = 1", ()),
+    "location with NUL": ("UPDATE artifact_locations SET uri = CAST(X'2f746d7000' AS TEXT) WHERE rowid = 1", ()),
+    "location a device": ("UPDATE artifact_locations SET uri = '/dev/zero' WHERE rowid = 1", ()),
+    "location outside": ("UPDATE artifact_locations SET uri = '../../../../etc/passwd' WHERE rowid = 1", ()),
+    "location a URL": ("UPDATE artifact_locations SET uri = 'http://127.0.0.1:9/x' WHERE rowid = 1", ()),
+    "schema unknown": ("UPDATE alembic_version SET version_num = 'zzz'", ("verify", "head", "show", "log")),
+    "signatures dropped": ("DROP TABLE receipt_signatures", ("verify", "head")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", list(COLUMN_EDITS))
+def test_a_column_edited_behind_the_librarys_back_is_answered_in_one_line(
+        tiny_experiment: TinyExperiment, tmp_path: Path, edit: str) -> None:
+    sql, caught_by = COLUMN_EDITS[edit]
+    db = tmp_path / "ledger.db"
+    with sqlite3.connect(tiny_experiment.db) as src, sqlite3.connect(db) as dst:
+        src.backup(dst)
+        mid, settlement = (dst.execute(f"SELECT id FROM receipts WHERE seq = {_MID}").fetchone()[0],
+                           dst.execute("SELECT id FROM receipts WHERE kind = 'settlement' ORDER BY seq DESC")
+                           .fetchone()[0])
+    with sqlite3.connect(db) as conn:
+        assert conn.execute(sql).rowcount != 0 or sql.startswith("DROP")
+    conn.close()
+    commands = {
+        "verify": ("verify", settlement, "--artifacts", tiny_experiment.artifacts),
+        "head": ("verify", "--head", tiny_experiment.workdir / "log-head.txt"),
+        "show": ("show", mid),
+        "log": ("log", "--kind", "train-end"),
+    }
+    for name, args in commands.items():
+        result = run(*args, "--db", db)
+        assert result.exception is None or isinstance(result.exception, SystemExit), (name, result.exception)
+        assert result.exit_code in (0, 1, 2, 3, 4), (name, result.exit_code)
+        if result.exit_code:
+            lines = result.stderr.splitlines()
+            assert len(lines) == 1 and lines[0].startswith("ledger: error: "), (name, result.stderr)
+        assert result.exit_code != 0 or name not in caught_by, (name, "the edit went unnoticed")
