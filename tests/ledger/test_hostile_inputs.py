@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -478,14 +479,14 @@ def test_a_column_edited_behind_the_librarys_back_is_answered_in_one_line(
         tiny_experiment: TinyExperiment, tmp_path: Path, edit: str) -> None:
     sql, caught_by = COLUMN_EDITS[edit]
     db = tmp_path / "ledger.db"
-    with sqlite3.connect(tiny_experiment.db) as src, sqlite3.connect(db) as dst:
+    # closing(): sqlite3's own context manager commits but does not close (an open connection keeps the -wal file)
+    with closing(sqlite3.connect(tiny_experiment.db)) as src, closing(sqlite3.connect(db)) as dst:
         src.backup(dst)
         mid, settlement = (dst.execute(f"SELECT id FROM receipts WHERE seq = {_MID}").fetchone()[0],
                            dst.execute("SELECT id FROM receipts WHERE kind = 'settlement' ORDER BY seq DESC")
                            .fetchone()[0])
-    with sqlite3.connect(db) as conn:
+    with closing(sqlite3.connect(db)) as conn, conn:
         assert conn.execute(sql).rowcount != 0 or sql.startswith("DROP")
-    conn.close()
     commands = {
         "verify": ("verify", settlement, "--artifacts", tiny_experiment.artifacts),
         "head": ("verify", "--head", tiny_experiment.workdir / "log-head.txt"),
