@@ -354,14 +354,13 @@ def iter_logged(reads: Reads, *, batch: int = 5000, bodies: bool = True) -> Iter
         sigs: dict[int, list[LeafSignature]] = {}
         for seq, key, sig in reads.all(_SIGS_IN_RANGE, (min(seqs), max(seqs))):
             sigs.setdefault(seq, []).append(LeafSignature.stored(key, sig))
-        first, last = int(rows[0][0]), int(rows[-1][0])
+        first, last = rows[0][0], rows[-1][0]
         hashes = {int(i): stored_bytes(h) for i, h in reads.all(_LEAF_HASHES_IN_RANGE, (
             tlog.node_pos(0, first), tlog.node_pos(0, last)))}
         for leaf, seq, rid, body in rows:
             mine = tuple(sorted(sigs.get(seq, ()), key=lambda s: s.key.encode()))
-            yield LoggedRow(int(leaf), int(seq), rid, None if body is None else stored_bytes(body), mine,
-                            hashes.get(int(leaf)))
-        start = int(rows[-1][0]) + 1
+            yield LoggedRow(leaf, seq, rid, None if body is None else stored_bytes(body), mine, hashes.get(leaf))
+        start = rows[-1][0] + 1
 
 
 def unlogged_receipts(reads: Reads, limit: int = 1) -> list[tuple[int, str]]:
