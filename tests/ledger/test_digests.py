@@ -357,7 +357,7 @@ class _Int(int):
     pass
 
 
-class _Dict(dict):  # type: ignore[type-arg]
+class _Dict(dict[str, object]):
     pass
 
 

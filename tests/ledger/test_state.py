@@ -557,7 +557,12 @@ def test_a_state_cache_reads_each_state_once(tmp_path: Path, monkeypatch: pytest
     root = make_checkpoint(tmp_path / "c")
     opened: list[Path] = []
     real_open = state_module._open
-    monkeypatch.setattr(state_module, "_open", lambda p, m: opened.append(p) or real_open(p, m))
+
+    def counting_open(p: Path, m: bool) -> Any:
+        opened.append(p)
+        return real_open(p, m)
+
+    monkeypatch.setattr(state_module, "_open", counting_open)
     with StateCache().active():
         with_files = verify_checkpoint(root)
         again = read_state(root)  # served from the cache, without file digests as asked
@@ -576,7 +581,12 @@ def test_prefetch_skips_what_fails_and_the_reader_meets_it(tmp_path: Path, monke
     prefetch_states([good, bad], files=True)  # no active cache: nothing happens
     opened: list[Path] = []
     real_open = state_module._open
-    monkeypatch.setattr(state_module, "_open", lambda p, m: opened.append(p) or real_open(p, m))
+
+    def counting_open(p: Path, m: bool) -> Any:
+        opened.append(p)
+        return real_open(p, m)
+
+    monkeypatch.setattr(state_module, "_open", counting_open)
     with StateCache().active():
         prefetch_states([bad, good], files=True)
         assert verify_checkpoint(good).digest == read_state(good).digest

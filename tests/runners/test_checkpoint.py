@@ -154,7 +154,7 @@ def test_resume_is_bit_identical(reference: Reference, tmp_path: Path) -> None:
     assert (saved.path / "manifest.json").read_bytes() == (reference.at_2k / "manifest.json").read_bytes()
 
 
-NOT_RESTORED: dict[str, Callable[[Rngs], None]] = {
+NOT_RESTORED: dict[str, Callable[[Rngs], object]] = {
     "torch-global": lambda r: torch.manual_seed(1),
     "numpy-global": lambda r: np.random.seed(1),
     "python-global": lambda r: random.seed(1),

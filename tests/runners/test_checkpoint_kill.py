@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import random
 import signal
@@ -176,7 +178,7 @@ def test_sigkill_during_checkpoint_writes(tmp_path: Path, zygote: Zygote) -> Non
         digest_a = zygote.wait_for(tag, lambda ln: ln[:2] == ["saved", "A"])[2]
         if trial % 4 in (1, 3):  # kill around the rename of a random B: just before it, or just after it
             target, event = f"B{rnd.randint(1, 2)}", "renaming" if trial % 4 == 1 else "renamed"
-            zygote.wait_for(tag, lambda ln, t=target, e=event: ln == [e, t])
+            zygote.wait_for(tag, functools.partial(operator.eq, [event, target]))
         else:  # kill at a random moment in the stream of writes
             time.sleep(rnd.uniform(0.0, 0.4))
         phase = zygote.kill(tag, pid)

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from ledger.artifacts import ArtifactStore, read_jsonl, workdir_root
 from ledger.experiment.config import ARMS, ExperimentConfig, config_from_dict
 from ledger.experiment.tasks import Document
-from ledger.experiment.tokenizer import CharTokenizer
+from ledger.experiment.tokenizer import Tokenizer
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from runners.checkpoint import save_checkpoint
@@ -100,7 +100,7 @@ def train_arm_in_process(store: Store, workdir: Path, arm: str, steps: int, lr: 
     return end
 
 
-def _answer_loss(model: torch.nn.Module, tok: CharTokenizer, docs: list[Document]) -> torch.Tensor:
+def _answer_loss(model: torch.nn.Module, tok: Tokenizer, docs: list[Document]) -> torch.Tensor:
     """Mean NLL of the answer and EOS tokens of a padded batch."""
     rows = [(tok.encode(d.prompt, bos=True), tok.encode(d.answer, eos=True)) for d in docs]
     width = max(len(p) + len(a) for p, a in rows)

@@ -109,12 +109,14 @@ def test_tied_embeddings_share_one_parameter_and_survive_a_checkpoint(tmp_path: 
 
     cfg = replace(CFG, tie_embeddings=True)
     model = build_model(cfg, VOCAB, seed=0)
+    assert isinstance(model, TinyLM)
     assert model.head.weight is model.tok_emb.weight
     assert param_count(model) == param_count(build_model(CFG, VOCAB, seed=0)) - VOCAB * CFG.d_model
     opt = torch.optim.AdamW(model.parameters())
     saved = save_checkpoint(tmp_path / "ckpt", model=model, optimizer=opt, rngs=Rngs.from_seed(0, 0), cursor=0,
                             meta={})
     fresh = build_model(cfg, VOCAB, seed=1)
+    assert isinstance(fresh, TinyLM)
     digest = load_model_weights(saved.path, fresh)
     assert digest == saved.manifest.components["model"]
     assert fresh.head.weight is fresh.tok_emb.weight
@@ -126,7 +128,7 @@ def test_dropout_draws_only_from_the_models_generator() -> None:
     idx = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
     with pytest.raises(RuntimeError, match="explicit generator"):
         model(idx)
-    outs = []
+    outs: list[Tensor] = []
     for _ in range(2):
         model.dropout_generator = torch.Generator().manual_seed(9)
         torch.manual_seed(len(outs))  # a different global RNG each time: it must not matter

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def test_config_loading_is_strict_and_round_trips(tiny_toml: Path, tmp_path: Pat
     # an integer for a float setting is the same config as the float
     assert config_from_dict({"train": {"lr": 1}}).canonical_bytes() == \
         config_from_dict({"train": {"lr": 1.0}}).canonical_bytes()
-    for bad, match in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"modle": {}}, "unknown key 'modle'"),
         ({"model": {"d_modle": 3}}, "unknown key 'model.d_modle'"),
         ({"model": {"d_model": "128"}}, "model.d_model must be int"),
@@ -87,7 +88,8 @@ def test_config_loading_is_strict_and_round_trips(tiny_toml: Path, tmp_path: Pat
         ({"model": {"d_model": 30, "n_heads": 4}}, "multiple of model.n_heads"),
         ({"train": {"global_batch": 30}}, "multiple of train.world"),
         ({"contract": {"primary_arm": "nope"}}, "primary_arm"),
-    ]:
+    ]
+    for bad, match in cases:
         with pytest.raises(InputError, match=match):
             config_from_dict(bad)
     broken = tmp_path / "broken.toml"

@@ -331,8 +331,10 @@ def test_pretraining_windows_are_a_function_of_the_step_split_by_rank(experiment
         assert whole is not None and whole.shape == (4, 17)  # 0.5 x a global batch of 8, 16 + 1 tokens each
         ranks = [window_batch(stream, cfg, step, r, 4) for r in range(4)]
         assert torch.equal(torch.cat([w for w in ranks if w is not None]), whole)  # DDP's shards are single's
-        assert torch.equal(window_batch(stream, cfg, step, 0, 1), whole)  # nothing consumed: a resume reads them too
-    assert not torch.equal(window_batch(stream, cfg, 1, 0, 1), window_batch(stream, cfg, 2, 0, 1))
+        again = window_batch(stream, cfg, step, 0, 1)
+        assert again is not None and torch.equal(again, whole)  # nothing consumed: a resume reads them too
+    first, second = window_batch(stream, cfg, 1, 0, 1), window_batch(stream, cfg, 2, 0, 1)
+    assert first is not None and second is not None and not torch.equal(first, second)
     assert window_batch(None, cfg, 1, 0, 1) is None
 
 

@@ -173,7 +173,7 @@ def test_rescoring_catches_a_forged_but_consistent_eval(exp: Experiment) -> None
     n = len(rows)
     with Store.open(exp.db) as store, pytest.raises(VerificationError) as info:
         ev.rescore(store, forged, n, seed=0, runner=TorchModelRunner(), artifacts=exp.artifacts)
-    assert doc["document"] in str(info.value) and info.value.field.startswith(f"outcomes[{doc['document']}]")
+    assert doc["document"] in str(info.value) and str(info.value.field).startswith(f"outcomes[{doc['document']}]")
     result = cli(exp, forged.id, "--rescore", str(n))
     assert result.exit_code == 1 and doc["document"] in result.stderr
 
@@ -185,7 +185,7 @@ def test_rescoring_catches_a_forged_retention_loss(exp: Experiment) -> None:
     verify(exp, forged.id)
     with Store.open(exp.db) as store, pytest.raises(VerificationError) as info:
         ev.rescore(store, forged, len(retention), seed=0, runner=TorchModelRunner(), artifacts=exp.artifacts)
-    assert retention[3]["document"] in str(info.value) and info.value.field.endswith(".nll")
+    assert retention[3]["document"] in str(info.value) and str(info.value.field).endswith(".nll")
 
 
 def _comparison_with(exp: Experiment, name: str, **changes: Any) -> Receipt:
@@ -241,7 +241,7 @@ def test_a_quality_receipt_must_judge_the_right_comparisons(exp: Experiment) -> 
     with Store.open(exp.db) as store:
         store.append(forged)
     err = verify_error(exp, forged.id)
-    assert "named" in str(err) or err.field.startswith("measurements.")
+    assert "named" in str(err) or str(err.field).startswith("measurements.")
 
 
 def test_an_eval_must_cite_its_arms_model(exp: Experiment) -> None:

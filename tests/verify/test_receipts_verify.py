@@ -64,6 +64,13 @@ def seq_of(db: Path, rid: str) -> int:
         conn.close()
 
 
+def _prepared(store: Store) -> str:
+    """The prepared digest of the ledger's latest prepare receipt."""
+    prepared = store.find(kind="prepare")[-1].receipt.prepared
+    assert prepared is not None
+    return prepared
+
+
 def forge_train_start(c: ReceiptChain) -> Receipt:
     """A valid train-start that differs from ``c.train_start`` only in a measurement (a different id)."""
     old = c.train_start
@@ -446,8 +453,18 @@ def test_one_verifier_reports_what_each_verify_receipt_does(ledger_db: Path, tmp
         opened: list[Path] = []
         hashed: list[Path] = []
         real_open, real_file = state_module._open, digests.file_digest
-        monkeypatch.setattr(state_module, "_open", lambda p, m: opened.append(p) or real_open(p, m))
-        monkeypatch.setattr(digests, "file_digest", lambda p, **kw: hashed.append(Path(p)) or real_file(p, **kw))
+
+        def counting_open(p: Path, m: bool) -> Any:
+            opened.append(p)
+            return real_open(p, m)
+
+        monkeypatch.setattr(state_module, "_open", counting_open)
+
+        def counting_file(p: Path, **kw: Any) -> str:
+            hashed.append(Path(p))
+            return real_file(p, **kw)
+
+        monkeypatch.setattr(digests, "file_digest", counting_file)
         verifier = Verifier(store, arts, require_artifacts=True)
         together = [verifier.verify(t).to_json() for t in reversed(tips)][::-1]
     assert together == alone
@@ -507,7 +524,7 @@ def test_verify_many_checks_what_one_verify_each_does(ledger_db: Path, tmp_path:
     _notes_on(ledger_db, 30)
     with Store.open(ledger_db) as store:
         arts = ArtifactStore(default_root(store.url))
-        ids = store.ids(prepared=store.find(kind="prepare")[-1].receipt.prepared)
+        ids = store.ids(prepared=_prepared(store))
         one_by_one = Verifier(store, arts, require_artifacts=True)
         expected = sorted({line for rid in ids for line in one_by_one.verify(rid).checks})
         many = Verifier(store, arts, require_artifacts=True)
@@ -564,7 +581,7 @@ def test_verify_many_fails_as_one_verify_each_does(ledger_db: Path, tmp_path: Pa
         flip_bit_in(dirs["step6"] / "model.safetensors")
     with Store.open(ledger_db) as store:
         arts = ArtifactStore(default_root(store.url))
-        ids = store.ids(prepared=store.find(kind="prepare")[-1].receipt.prepared)
+        ids = store.ids(prepared=_prepared(store))
         with pytest.raises(VerificationError) as one_each:
             verifier = Verifier(store, arts, require_artifacts=True)
             for rid in ids:
