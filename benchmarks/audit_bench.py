@@ -235,23 +235,22 @@ def floor_parts(store: Store, arts: ArtifactStore, paths: list[str], n: int) -> 
 
 
 def hash_twice(paths: list[str]) -> None:
-    """What the audit cannot hash less than: every file once (its file digest, what `b3sum` computes) and the tensor
-    bytes of every safetensors file a second time (its tensor digests hash the same bytes into other BLAKE3 trees),
-    here as one hash per file over mmap with BLAKE3's threads, no header parsed and no digest compared: a lower
-    bound of the audit's hashing (the audit hashes each tensor on its own, most of them small, on one thread)."""
-    auto = blake3.blake3.AUTO
+    """What the audit cannot hash less than: every file once (its file digest, ``digests.fd_digest`` as the audit
+    computes it, what `b3sum` prints) and the tensor bytes of every safetensors file a second time (its tensor
+    digests hash the same bytes into other BLAKE3 trees), here as one ``digests.raw_digest`` over them with BLAKE3's
+    threads, no header parsed and no digest compared: a lower bound of the audit's hashing (the audit hashes each
+    tensor on its own, most of them small, on one thread)."""
     for path in paths:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                blake3.blake3().digest()
-                continue
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                blake3.blake3(m, max_threads=auto).digest()
-                if path.endswith(".safetensors") and size >= 8:
-                    start = 8 + int.from_bytes(m[:8], "little")
-                    with memoryview(m) as view, view[min(start, size):] as data:
-                        blake3.blake3(data, max_threads=auto).digest()
+        fd = digests.open_regular(path)
+        try:
+            digests.fd_digest(fd)
+            if path.endswith(".safetensors") and os.fstat(fd).st_size >= 8:
+                with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
+                    start = min(8 + int.from_bytes(m[:8], "little"), len(view))
+                    with view[start:] as data:
+                        digests.raw_digest(data)
+        finally:
+            os.close(fd)
 
 
 def audit_counts(store: Store, arts: ArtifactStore) -> dict[str, tuple[int, int]]:
