@@ -28,7 +28,7 @@ import functools
 import hashlib
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
 from ledger import merkle
 from ledger.database import copy_rows, driver_cursor
@@ -84,9 +84,17 @@ class LogCorrupt(VerificationError):
 # ------------------------------------------------------------------------------------------------- leaf bytes
 
 
+_Sig = TypeVar("_Sig", bound=tuple[str, bytes])
+
+
+def in_key_order(signatures: Iterable[_Sig]) -> list[_Sig]:
+    """Signatures in the order a leaf holds them: by their key label's UTF-8 bytes."""
+    return sorted(signatures, key=lambda s: s[0].encode())
+
+
 def leaf_bytes(receipt_id: str, signatures: Iterable[LeafSignature | tuple[str, bytes]] = ()) -> bytes:
     """The exact bytes of a receipt's leaf (see the module docstring)."""
-    sigs = sorted(signatures, key=lambda s: s[0].encode())
+    sigs = in_key_order(signatures)
     if len(sigs) > MAX_SIGNATURES:
         raise ValueError(f"a leaf commits to at most {MAX_SIGNATURES} signatures, got {len(sigs)}")
     out = [LEAF_DOMAIN, raw_id(receipt_id), bytes([len(sigs)])]
@@ -209,7 +217,7 @@ def signatures_by_seq(reads: Reads, seqs: Sequence[int]) -> dict[int, tuple[Leaf
         for seq, key, sig in reads.all("SELECT receipt_seq, key, signature FROM receipt_signatures "
                                        f"WHERE receipt_seq IN ({marks(len(chunk))})", chunk):
             out.setdefault(seq, []).append(LeafSignature.stored(key, sig))
-    return {seq: tuple(sorted(sigs, key=lambda s: s.key.encode())) for seq, sigs in out.items()}
+    return {seq: tuple(in_key_order(sigs)) for seq, sigs in out.items()}
 
 
 # ------------------------------------------------------------------------------------------------------ append

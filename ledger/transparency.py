@@ -358,7 +358,7 @@ def iter_logged(reads: Reads, *, batch: int = 5000, bodies: bool = True) -> Iter
         hashes = {int(i): stored_bytes(h) for i, h in reads.all(_LEAF_HASHES_IN_RANGE, (
             tlog.node_pos(0, first), tlog.node_pos(0, last)))}
         for leaf, seq, rid, body in rows:
-            mine = tuple(sorted(sigs.get(seq, ()), key=lambda s: s.key.encode()))
+            mine = tuple(tlog.in_key_order(sigs.get(seq, ())))
             yield LoggedRow(leaf, seq, rid, None if body is None else stored_bytes(body), mine, hashes.get(leaf))
         start = rows[-1][0] + 1
 
