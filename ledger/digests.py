@@ -461,9 +461,9 @@ def file_digest(path: str | os.PathLike[str], *, follow_symlinks: bool = True) -
         os.close(fd)
 
 
-def fd_digest(fd: int) -> str:
-    """Plain BLAKE3 of the whole regular file open at ``fd``."""
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+def fd_digest(fd: int, *, threads: bool = True) -> str:
+    """Plain BLAKE3 of the whole regular file open at ``fd`` (on one thread unless ``threads``)."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
     if os.fstat(fd).st_size:  # mmap refuses an empty file
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
             hasher.update(mm)

@@ -622,22 +622,31 @@ class _Opened:
     scalars: dict[str, tuple[str, bytes, dict[str, Any]]] = field(default_factory=dict)  # comp -> (name, raw, value)
     components: list[str] = field(default_factory=list)
     manifest: Manifest | None = None
+    prehashed: dict[str, str] = field(default_factory=dict)  # relative name -> file digest, hashed before opening
+    known: set[str] = field(default_factory=set)  # of those, the files whose bytes another file read has (not opened)
 
     def close(self) -> None:
         for f in self.files.values():
             f.close()
 
 
-def _open(path: Path, require_manifest: bool) -> _Opened:
+def _open(path: Path, require_manifest: bool, prehashed: Mapping[str, str] | None = None,
+          known: set[str] | frozenset[str] = frozenset()) -> _Opened:
+    """Open and validate a checkpoint directory or a lone file. ``prehashed`` holds the file digests already computed
+    of some of its safetensors files, and ``known`` those whose bytes are read from another copy: they are not
+    opened here (see :func:`_plan_copies`)."""
     if path.is_dir():
         layout = scan_checkpoint(path, require_manifest=require_manifest)
-        opened = _Opened(path, "checkpoint", components=layout.components)
+        opened = _Opened(path, "checkpoint", components=layout.components, prehashed=dict(prehashed or {}))
         try:
             if layout.has_manifest:
                 opened.manifest = read_manifest(path)
             for comp, names in layout.tensor_files.items():
                 for name in names:
-                    opened.files[name] = SafetensorsFile(path / name, follow_symlinks=False)
+                    if name in known and name in opened.prehashed:
+                        opened.known.add(name)
+                    else:
+                        opened.files[name] = SafetensorsFile(path / name, follow_symlinks=False)
                     opened.owner[name] = comp
             for comp, name in layout.scalar_files.items():
                 raw, value = _read_scalars(path / name)
@@ -665,10 +674,17 @@ class StateCache:
     """States already recomputed, by path, while it is active (:meth:`active`): within one verification (an audit
     reads a checkpoint directory cited by several receipts, compares ranks' checkpoints it also verified) each
     state is read once. Only complete checkpoints and files read with their manifest required are kept. Whoever
-    activates a cache vouches that the files do not change while it is active."""
+    activates a cache vouches that the files do not change while it is active.
+
+    It also keeps what each distinct safetensors file holds, by file digest (:class:`_Content`): a checkpoint read
+    with its file digests hashes each of its files whole first, and a file whose bytes were read before in this
+    cache (a copy: the same seed checkpoint in every run, a model every rank holds after a sync) is only hashed
+    whole, its tensors' digests taken from the copy read first. Equal BLAKE3 digests are equal bytes, the premise
+    of every digest the ledger records; each copy's own bytes are still hashed, as its file digest."""
 
     def __init__(self) -> None:
         self._states: dict[Path, CheckpointState] = {}
+        self.contents: dict[str, _Content] = {}
 
     @contextmanager
     def active(self) -> Iterator[StateCache]:
@@ -715,7 +731,8 @@ def read_states(
     wanted = [Path(p) for p in paths]
     found = {p: cache.get(p, files) for p in wanted} if cache is not None else {}
     todo = [p for p in dict.fromkeys(wanted) if found.get(p) is None]
-    for state in _read(todo, files, require_manifest, progress, skip_failed=False):
+    contents = cache.contents if cache is not None and files else None
+    for state in _read(todo, files, require_manifest, progress, skip_failed=False, contents=contents):
         found[state.path] = state
         if cache is not None:
             cache.put(state)
@@ -736,7 +753,7 @@ def prefetch_states(paths: Sequence[str | os.PathLike[str]], *, files: bool = Fa
         return
     todo = [p for p in dict.fromkeys(Path(p) for p in paths) if cache.get(p, files) is None]
     try:
-        states = _read(todo, files, True, None, skip_failed=True)
+        states = _read(todo, files, True, None, skip_failed=True, contents=cache.contents if files else None)
     except Exception:  # e.g. an I/O error while hashing: the reader meets it again
         return
     for state in states:
@@ -744,9 +761,12 @@ def prefetch_states(paths: Sequence[str | os.PathLike[str]], *, files: bool = Fa
 
 
 def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progress | None, *,
-          skip_failed: bool) -> list[CheckpointState]:
+          skip_failed: bool, contents: dict[str, _Content] | None = None) -> list[CheckpointState]:
     total = sum(_planned_bytes(p) for p in todo)  # bytes of the safetensors files to hash, known before opening
     report = None if progress is None else (lambda n: progress(n, total * (2 if files else 1)))
+    # With ``contents`` (a StateCache's, and file digests asked for), every safetensors file of the checkpoints is
+    # hashed whole first; a file whose bytes another file has is then neither opened nor hashed again.
+    prehashed, known = _plan_copies(todo, contents, report) if contents is not None else ({}, {})
     opened: list[_Opened] = []
     hashed: dict[int, _Hashed] = {}
     running: deque[tuple[int, _Hashing]] = deque()
@@ -755,7 +775,8 @@ def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progr
     try:
         for p in todo:
             try:
-                opened.append(_open(p, require_manifest))
+                opened.append(_open(p, require_manifest, prehashed.get(p), known.get(p, frozenset()))
+                              if p in prehashed else _open(p, require_manifest))
             except Exception:
                 if not skip_failed:
                     raise
@@ -770,7 +791,8 @@ def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progr
         for k, o in enumerate(opened):
             data, file_digests = hashed[k]
             try:
-                out.append(_assemble(o, data, file_digests if files else None))
+                held = _contents(o, data, file_digests, contents, report)
+                out.append(_assemble(o, held, file_digests if files else None))
             except Exception:
                 if not skip_failed:
                     raise
@@ -782,6 +804,109 @@ def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progr
         for o in opened:
             o.close()
     return out
+
+
+@dataclass(frozen=True)
+class _Content:
+    """What a safetensors file's bytes hold, as far as a state needs: each tensor (header order) as (name, dtype,
+    shape, data digest, tensor digest). Built once per distinct file digest inside a StateCache."""
+
+    tensors: tuple[tuple[str, str, tuple[int, ...], str, str], ...]
+
+
+def _content_of(sf: SafetensorsFile, data: Mapping[str, str]) -> _Content:
+    return _Content(tuple((n, e.dtype, e.shape, data[n], tensor_digest(n, e.dtype, e.shape, data[n]))
+                          for n, e in sf.tensors.items()))
+
+
+def _plan_copies(todo: list[Path], contents: Mapping[str, _Content],
+                 report: Callable[[int], None] | None) -> tuple[dict[Path, dict[str, str]], dict[Path, set[str]]]:
+    """The file digest of every safetensors file in the checkpoint directories of ``todo``, hashed on every core,
+    and per directory the files not to open: those whose digest is in ``contents`` or belongs to a file met earlier
+    in ``todo`` (read in full there). A file that cannot be hashed here (not a regular file, unreadable, gone) is
+    left out: its checkpoint's reading meets the problem in its turn, in its order."""
+    where: list[tuple[Path, str, int]] = []  # in the order of todo, each directory's files by name
+    for p in todo:
+        try:
+            if not p.is_dir():
+                continue
+            with os.scandir(p) as it:
+                where.extend(sorted((p, e.name, e.stat(follow_symlinks=False).st_size) for e in it
+                                    if e.name.endswith(".safetensors") and e.is_file(follow_symlinks=False)))
+        except OSError:
+            continue
+    found = _hash_files([p / name for p, name, _ in where], [n for *_, n in where])
+    prehashed: dict[Path, dict[str, str]] = {p: {} for p in todo}
+    known: dict[Path, set[str]] = {}
+    first: set[str] = set()
+    for (p, name, size), digest in zip(where, found, strict=True):
+        if digest is None:
+            continue
+        prehashed[p][name] = digest
+        if report is not None:
+            report(size)
+        if digest in contents or digest in first:
+            known.setdefault(p, set()).add(name)
+            if report is not None:
+                report(size)  # its tensors' half, taken from the copy
+        else:
+            first.add(digest)
+    return prehashed, known
+
+
+def _hash_files(paths: list[Path], sizes: list[int]) -> list[str | None]:
+    """Plain BLAKE3 of each file (None for one that cannot be opened as a regular file or read), on every core: a
+    large file by BLAKE3's threads, the others single-threaded in a few tasks of about equal size."""
+
+    def one(path: Path, threads: bool) -> str | None:
+        try:
+            fd = digests.open_regular(path, follow_symlinks=False)
+        except (OSError, UnsafeFile):
+            return None
+        try:
+            return digests.fd_digest(fd, threads=threads)
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+
+    def some(indices: list[int]) -> list[str | None]:
+        return [one(paths[i], False) for i in indices]
+
+    out: list[str | None] = [None] * len(paths)
+    small = [i for i, n in enumerate(sizes) if n < PARALLEL_MIN_BYTES]
+    tasks = [(part, _executor().submit(some, part)) for part in _balanced(small, sizes, 2 * _workers())]
+    for i, n in enumerate(sizes):
+        if n >= PARALLEL_MIN_BYTES:
+            out[i] = one(paths[i], True)
+    for part, fut in tasks:
+        for i, d in zip(part, fut.result(), strict=True):
+            out[i] = d
+    return out
+
+
+def _contents(o: _Opened, data: dict[str, dict[str, str]], file_digests: dict[str, str],
+              contents: dict[str, _Content] | None, report: Callable[[int], None] | None) -> dict[str, _Content]:
+    """What each safetensors file of ``o`` holds: from its own bytes (and then kept in ``contents``), or, for a file
+    not opened, from the copy read first. Should that copy have failed to read, the file is read here."""
+    held: dict[str, _Content] = {}
+    for fname, sf in o.files.items():
+        held[fname] = content = _content_of(sf, data[fname])
+        digest = file_digests.get(fname)
+        if contents is not None and digest is not None:
+            contents.setdefault(digest, content)
+    for fname in o.known:
+        digest = o.prehashed[fname]
+        if contents is not None and digest in contents:
+            held[fname] = contents[digest]
+            continue
+        with SafetensorsFile(o.path / fname, follow_symlinks=False) as sf:
+            whole, tensors = hash_file_and_tensors(sf)
+            held[fname] = _content_of(sf, tensors)
+        file_digests[fname] = whole
+        if contents is not None:
+            contents.setdefault(whole, held[fname])
+    return held
 
 
 _IN_FLIGHT: Final = 8  # checkpoints whose files are mapped and being hashed at once
@@ -845,14 +970,15 @@ def _submit_tasks(o: _Opened, files: bool, total: int, tasks: list[tuple[list[_S
     buffers: list[bytes | memoryview] = []
     slots: list[_Slot] = []
     for fname, sf in o.files.items():
-        if files and sf.size >= FUSE_MIN_BYTES and workers > 1 and sf.size * workers <= total:
+        whole = files and fname not in o.prehashed  # its file digest is still to compute
+        if whole and sf.size >= FUSE_MIN_BYTES and workers > 1 and sf.size * workers <= total:
             tasks.append(([(fname, None), *((fname, t) for t in sf.tensors)], pool.submit(_fused, sf),
                           2 * sf.size - sf.header_end))
             continue
         for tname in sf.tensors:
             buffers.append(sf.view(tname))
             slots.append((fname, tname))
-        if files:
+        if whole:
             buffers.append(sf.file_view())
             slots.append((fname, None))
     if files:
@@ -874,7 +1000,7 @@ def _collect(o: _Opened, job: _Hashing, report: Callable[[int], None] | None,
     """Wait for a checkpoint's digests, then unmap its files on a hashing thread (unmapping costs about what hashing
     a small checkpoint does; its state is assembled from the digests)."""
     data: dict[str, dict[str, str]] = {name: {} for name in o.files}
-    file_digests: dict[str, str] = {}
+    file_digests: dict[str, str] = dict(o.prehashed)
     try:
         for task_slots, fut, nbytes in job.tasks:
             for (fname, tname), digest in zip(task_slots, fut.result(), strict=True):
@@ -891,20 +1017,16 @@ def _collect(o: _Opened, job: _Hashing, report: Callable[[int], None] | None,
     return data, file_digests
 
 
-def _assemble(o: _Opened, data: dict[str, dict[str, str]], file_digests: dict[str, str] | None) -> CheckpointState:
+def _assemble(o: _Opened, held: Mapping[str, _Content], file_digests: dict[str, str] | None) -> CheckpointState:
     per_comp: dict[str, dict[str, TensorDigest]] = {c: {} for c in o.components}
     comp_files: dict[str, list[str]] = {c: [] for c in o.components}
-    for fname, sf in o.files.items():
-        comp = o.owner[fname]
+    for fname, comp in o.owner.items():
         tensors = per_comp[comp]
-        digested = data[fname]
-        for tname, e in sf.tensors.items():
+        for tname, dtype, shape, d, digest in held[fname].tensors:
             if tname in tensors:
                 raise UnsafeFile(str(o.path / fname), f"tensor {tname!r} of component {comp!r} also appears in "
                                                       f"{tensors[tname].file}")
-            d = digested[tname]
-            tensors[tname] = TensorDigest(tname, e.dtype, e.shape, d, tensor_digest(tname, e.dtype, e.shape, d),
-                                          fname)
+            tensors[tname] = TensorDigest(tname, dtype, shape, d, digest, fname)
     for fname, comp in o.owner.items():
         comp_files[comp].append(fname)
     components: dict[str, ComponentState] = {}

@@ -558,9 +558,9 @@ def test_a_state_cache_reads_each_state_once(tmp_path: Path, monkeypatch: pytest
     opened: list[Path] = []
     real_open = state_module._open
 
-    def counting_open(p: Path, m: bool) -> Any:
+    def counting_open(p: Path, m: bool, *copies: Any) -> Any:
         opened.append(p)
-        return real_open(p, m)
+        return real_open(p, m, *copies)
 
     monkeypatch.setattr(state_module, "_open", counting_open)
     with StateCache().active():
@@ -582,9 +582,9 @@ def test_prefetch_skips_what_fails_and_the_reader_meets_it(tmp_path: Path, monke
     opened: list[Path] = []
     real_open = state_module._open
 
-    def counting_open(p: Path, m: bool) -> Any:
+    def counting_open(p: Path, m: bool, *copies: Any) -> Any:
         opened.append(p)
-        return real_open(p, m)
+        return real_open(p, m, *copies)
 
     monkeypatch.setattr(state_module, "_open", counting_open)
     with StateCache().active():

@@ -454,9 +454,9 @@ def test_one_verifier_reports_what_each_verify_receipt_does(ledger_db: Path, tmp
         hashed: list[Path] = []
         real_open, real_file = state_module._open, digests.file_digest
 
-        def counting_open(p: Path, m: bool) -> Any:
+        def counting_open(p: Path, m: bool, *copies: Any) -> Any:
             opened.append(p)
-            return real_open(p, m)
+            return real_open(p, m, *copies)
 
         monkeypatch.setattr(state_module, "_open", counting_open)
 
