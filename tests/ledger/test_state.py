@@ -574,6 +574,93 @@ def test_a_state_cache_reads_each_state_once(tmp_path: Path, monkeypatch: pytest
     assert opened == [root, root]
 
 
+def _json_of(state: Any) -> dict[str, Any]:
+    """A state's JSON without its path (copies of a checkpoint differ only there)."""
+    out: dict[str, Any] = state.to_json()
+    out.pop("path")
+    return out
+
+
+def _counting_files(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The safetensors files opened (header parsed, tensors mapped) from now on."""
+    opened: list[Path] = []
+    real = state_module.SafetensorsFile
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, path: Any, **kw: Any) -> None:
+            opened.append(Path(path))
+            super().__init__(path, **kw)
+
+    monkeypatch.setattr(state_module, "SafetensorsFile", Counting)
+    return opened
+
+
+def test_a_copy_is_hashed_whole_and_takes_its_tensors_from_the_file_read_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = make_checkpoint(tmp_path / "first")
+    copy = tmp_path / "copy"
+    shutil.copytree(first, copy)
+    other = make_checkpoint(tmp_path / "other", model={"w": np.ones((8, 8), np.float32)})  # shares the rest
+    alone = [read_state(r, files=True) for r in (first, copy, other)]
+    opened = _counting_files(monkeypatch)
+    hashed: list[str] = []
+    real_fd_digest = digests.fd_digest
+
+    def counting_fd_digest(fd: int, **kw: Any) -> str:
+        hashed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fd_digest(fd, **kw)
+
+    monkeypatch.setattr(digests, "fd_digest", counting_fd_digest)
+    with StateCache().active():
+        together = read_states([first, copy, other], files=True)
+    assert [_json_of(s) for s in together] == [_json_of(s) for s in alone]
+    assert [s.path for s in together] == [first, copy, other]
+    # The first checkpoint's files are opened; the copy's are not, nor the other's optimizer and rng (copies too)...
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in opened) == [
+        "first/model.safetensors", "first/optimizer.safetensors", "first/rng.safetensors",
+        "other/model.safetensors"]
+    # ... but every file's own bytes are hashed for its file digest.
+    assert sorted(Path(h).relative_to(tmp_path).as_posix() for h in hashed) == sorted(
+        f"{r.name}/{f}" for r in (first, copy, other) for f in ("model.safetensors", "optimizer.safetensors",
+                                                               "rng.safetensors"))
+    # Outside a cache nothing is shared.
+    opened.clear()
+    read_states([first, copy], files=True)
+    assert len(opened) == 6
+
+
+def test_a_tampered_copy_is_read_from_its_own_bytes(tmp_path: Path) -> None:
+    first = make_checkpoint(tmp_path / "first")
+    copy = tmp_path / "copy"
+    shutil.copytree(first, copy)
+    size = (copy / "model.safetensors").stat().st_size
+    flip_bit(copy / "model.safetensors", size - 1)  # the last byte of the last tensor
+    alone = read_state(copy, files=True)
+    with StateCache().active():
+        a, b = read_states([first, copy], files=True)
+        assert _json_of(b) == _json_of(alone) != _json_of(a)
+        assert b.files is not None and b.manifest is not None
+        assert b.files["model.safetensors"] != b.manifest.files["model.safetensors"]
+        assert b.digest != b.manifest.checkpoint
+        with pytest.raises(DigestMismatch):
+            verify_checkpoint(copy)
+
+
+def test_a_copy_whose_first_reading_failed_is_read_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = make_checkpoint(tmp_path / "bad")
+    copy = tmp_path / "copy"
+    shutil.copytree(bad, copy)
+    write_file(bad / "model-x.safetensors", b"{}", b"")  # an unexpected file: the directory fails to open
+    expected = read_state(copy, files=True)
+    opened = _counting_files(monkeypatch)
+    with StateCache().active():
+        prefetch_states([bad, copy], files=True)  # bad's files come first, and bad fails
+        assert _json_of(read_state(copy, files=True)) == _json_of(expected)
+        with pytest.raises(UnsafeFile, match="model-x.safetensors"):
+            read_state(bad, files=True)
+    assert [p.parent.name for p in opened].count("copy") == 3  # read from its own bytes, once
+
+
 def test_prefetch_skips_what_fails_and_the_reader_meets_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     good = make_checkpoint(tmp_path / "good")
     bad = make_checkpoint(tmp_path / "bad")
