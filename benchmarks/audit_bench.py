@@ -43,7 +43,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,24 +246,28 @@ def states_once(dirs: list[str]) -> None:
 
 
 def hash_floor(paths: list[str]) -> None:
-    """What the audit cannot hash less than: every file once (its file digest, ``digests.fd_digest`` as the audit
-    computes it, what `b3sum` prints), and the tensor bytes of each distinct safetensors file a second time (tensor
-    digests hash the same bytes into other BLAKE3 trees; a copy's tensors are those of the file it equals), here as
-    one ``digests.raw_digest`` over them with BLAKE3's threads, no header parsed and no digest compared: a lower
-    bound of the audit's hashing (the audit hashes each tensor on its own, most of them small, on one thread)."""
+    """What the audit cannot hash less than: every file once (its file digest, what `b3sum` prints), and the tensor
+    bytes of each distinct safetensors file a second time (tensor digests hash the same bytes into other BLAKE3
+    trees; a copy's tensors are those of the file it equals), both through the audit's own hashing on every core
+    (``ledger.state.hash_files``, ``hash_buffers``), no header parsed and no digest compared: a lower bound of the
+    audit's hashing (the audit hashes each tensor on its own, most of them small)."""
+    from ledger.state import hash_buffers, hash_files
+
+    found = hash_files([Path(p) for p in paths], [os.path.getsize(p) for p in paths])
     seen: set[str] = set()
-    for path in paths:
-        fd = digests.open_regular(path)
-        try:
-            whole = digests.fd_digest(fd)
-            if path.endswith(".safetensors") and os.fstat(fd).st_size >= 8 and whole not in seen:
-                seen.add(whole)
-                with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
-                    start = min(8 + int.from_bytes(m[:8], "little"), len(view))
-                    with view[start:] as data:
-                        digests.raw_digest(data)
-        finally:
-            os.close(fd)
+    with ExitStack() as stack:
+        views: list[memoryview] = []
+        for path, whole in zip(paths, found, strict=True):
+            if whole is None or not path.endswith(".safetensors") or whole in seen or os.path.getsize(path) < 8:
+                continue
+            seen.add(whole)
+            fd = digests.open_regular(path)
+            stack.callback(os.close, fd)
+            m = stack.enter_context(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+            start = min(8 + int.from_bytes(m[:8], "little"), len(m))
+            view = stack.enter_context(memoryview(m))
+            views.append(stack.enter_context(view[start:]))
+        hash_buffers(views)
 
 
 def audit_counts(store: Store, arts: ArtifactStore) -> dict[str, tuple[int, int]]:
@@ -276,9 +281,10 @@ def audit_counts(store: Store, arts: ArtifactStore) -> dict[str, tuple[int, int]
     rows: Counter[str] = Counter()
     original = (state._open, digests.document_digest, vr.check_row)
 
-    def counting_open(path: Path, require_manifest: bool, *copies: Any) -> Any:
+    def counting_open(path: Path, require_manifest: bool, prehashed: Mapping[str, str] | None = None,
+                      known: set[str] | frozenset[str] = frozenset()) -> Any:
         opened[Path(path)] += 1
-        return original[0](path, require_manifest, *copies)
+        return original[0](path, require_manifest, prehashed, known)
 
     def counting_document(body: Any) -> str:
         documents[digests.canonical_bytes(dict(body))] += 1

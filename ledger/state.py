@@ -835,7 +835,7 @@ def _plan_copies(todo: list[Path], contents: Mapping[str, _Content],
                                     if e.name.endswith(".safetensors") and e.is_file(follow_symlinks=False)))
         except OSError:
             continue
-    found = _hash_files([p / name for p, name, _ in where], [n for *_, n in where])
+    found = hash_files([p / name for p, name, _ in where], [n for *_, n in where])
     prehashed: dict[Path, dict[str, str]] = {p: {} for p in todo}
     known: dict[Path, set[str]] = {}
     first: set[str] = set()
@@ -854,7 +854,7 @@ def _plan_copies(todo: list[Path], contents: Mapping[str, _Content],
     return prehashed, known
 
 
-def _hash_files(paths: list[Path], sizes: list[int]) -> list[str | None]:
+def hash_files(paths: list[Path], sizes: list[int]) -> list[str | None]:
     """Plain BLAKE3 of each file (None for one that cannot be opened as a regular file or read), on every core: a
     large file by BLAKE3's threads, the others single-threaded in a few tasks of about equal size."""
 
