@@ -353,20 +353,33 @@ class Verifier:
         report)."""
         known = self._known
         lines: list[str] = []
+        # Report pages render on a worker process (verify/report_page.py), started as their rows are read; their
+        # receipts are verified after every other one, so that the rest of the ledger is verified while the pages
+        # render instead of after. (A receipt citing a report verifies it on the way, as its ancestor.)
+        pages: list[tuple[str, StoredRow | None, list[ParentEdge], list[ArtifactRef]]] = []
+
+        def one(rid: str, row: StoredRow | None, edges: list[ParentEdge], arts: list[ArtifactRef]) -> None:
+            if rid in known.chained:  # verified before, or meanwhile as an ancestor of an earlier one
+                return
+            if progress:
+                progress(f"verifying {rid[:19]}")
+            alone = self._alone(row, edges, arts) if row is not None else None
+            lines.extend(self.verify(rid).checks if alone is None else alone)
+
         with _cycles_collected_after(), self._states.active():
             for batch, (rows, edges, arts) in batches:
                 self.prefetch(_parsed_unverified(row) for row in rows if row.kind == "report")
                 by_id = {row.id: row for row in rows}
                 by_child, by_receipt = _index_rows(edges, arts)
                 for rid in batch:
-                    if rid in known.chained:  # verified before, or meanwhile as an ancestor of an earlier one
-                        continue
-                    if progress:
-                        progress(f"verifying {rid[:19]}")
                     row = by_id.get(rid)
-                    alone = (self._alone(row, by_child.get(rid, []), by_receipt.get(rid, [])) if row is not None
-                             else None)
-                    lines.extend(self.verify(rid).checks if alone is None else alone)
+                    got = (rid, row, by_child.get(rid, []), by_receipt.get(rid, []))
+                    if row is not None and row.kind == "report":
+                        pages.append(got)
+                    else:
+                        one(*got)
+            for got in pages:
+                one(*got)
         return lines
 
     def _alone(self, row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef]) -> list[str] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import verify.report_html
 import verify.report_page as report_page
 from ledger import digests
 from ledger.artifacts import ArtifactStore
-from ledger.receipts import Receipt
+from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from tests.conftest import TinyExperiment
 from verify.context import Memo
@@ -145,4 +146,24 @@ def test_a_process_that_rendered_a_page_renders_the_next_itself(tiny_experiment:
     memo = Memo()
     report_page.start_rendering(store, arts, receipt, audit, memo)
     assert report_page._pages(memo) == {}
+    store.close()
+
+
+@pytest.mark.slow
+def test_report_receipts_are_verified_after_the_rest_of_the_experiment(tiny_experiment: TinyExperiment,
+                                                                       tmp_path: Path) -> None:
+    """While a page renders on the worker, the receipts recorded after it are verified; then the page is compared."""
+    exp = tiny_experiment.copy(tmp_path / "exp")
+    store = Store.open(exp.db)
+    report = store.find(kind="report")[-1].receipt
+    prepare = store.find(kind="prepare")[-1].receipt
+    later = make_receipt("note", run="after-the-report", prepared=prepare.prepared, parents=[prepare],
+                         measurements={"text": "recorded after the report"})
+    store.append(later)
+    order: list[str] = []
+    verifier = Verifier(store, ArtifactStore(exp.artifacts), require_artifacts=True)
+    checks = verifier.verify_experiment(report.prepared or "", progress=order.append)
+    verified = [line.removeprefix("verifying ") for line in order]
+    assert verified.index(later.id[:19]) < verified.index(report.id[:19]) == len(verified) - 1
+    assert any(f"report {report.id[:19]}: the page renders again" in line for line in checks)
     store.close()
