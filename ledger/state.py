@@ -791,7 +791,7 @@ def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progr
         for k, o in enumerate(opened):
             data, file_digests = hashed[k]
             try:
-                held = _contents(o, data, file_digests, contents, report)
+                held = _contents(o, data, file_digests, contents)
                 out.append(_assemble(o, held, file_digests if files else None))
             except Exception:
                 if not skip_failed:
@@ -886,7 +886,7 @@ def hash_files(paths: list[Path], sizes: list[int]) -> list[str | None]:
 
 
 def _contents(o: _Opened, data: dict[str, dict[str, str]], file_digests: dict[str, str],
-              contents: dict[str, _Content] | None, report: Callable[[int], None] | None) -> dict[str, _Content]:
+              contents: dict[str, _Content] | None) -> dict[str, _Content]:
     """What each safetensors file of ``o`` holds: from its own bytes (and then kept in ``contents``), or, for a file
     not opened, from the copy read first. Should that copy have failed to read, the file is read here."""
     held: dict[str, _Content] = {}
