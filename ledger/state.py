@@ -775,8 +775,7 @@ def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progr
     try:
         for p in todo:
             try:
-                opened.append(_open(p, require_manifest, prehashed.get(p), known.get(p, frozenset()))
-                              if p in prehashed else _open(p, require_manifest))
+                opened.append(_open(p, require_manifest, prehashed.get(p), known.get(p, frozenset())))
             except Exception:
                 if not skip_failed:
                     raise
