@@ -449,14 +449,15 @@ def raw_digest(data: bytes | memoryview, *, threads: bool = True) -> str:
     return format_digest(hasher.digest())
 
 
-def file_digest(path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> str:
-    """Plain BLAKE3 of a regular file's bytes, read through mmap with multi-threaded hashing (equals ``b3sum``).
+def file_digest(path: str | os.PathLike[str], *, follow_symlinks: bool = True, threads: bool = True) -> str:
+    """Plain BLAKE3 of a regular file's bytes, read through mmap with multi-threaded hashing unless not
+    ``threads`` (equals ``b3sum``).
 
     Anything but a regular file (a FIFO would block, ``/dev/zero`` would never end) is refused unread, and so is
     a symbolic link unless ``follow_symlinks``."""
     fd = open_regular(path, follow_symlinks=follow_symlinks)
     try:
-        return fd_digest(fd)
+        return fd_digest(fd, threads=threads)
     finally:
         os.close(fd)
 

@@ -762,11 +762,12 @@ def prefetch_states(paths: Sequence[str | os.PathLike[str]], *, files: bool = Fa
 
 def _read(todo: list[Path], files: bool, require_manifest: bool, progress: Progress | None, *,
           skip_failed: bool, contents: dict[str, _Content] | None = None) -> list[CheckpointState]:
-    total = sum(_planned_bytes(p) for p in todo)  # bytes of the safetensors files to hash, known before opening
+    listings = {p: _listing(p) for p in todo}
+    total = sum(_planned_bytes(p, listings[p]) for p in todo)  # bytes to hash, known before opening
     report = None if progress is None else (lambda n: progress(n, total * (2 if files else 1)))
     # With ``contents`` (a StateCache's, and file digests asked for), every safetensors file of the checkpoints is
     # hashed whole first; a file whose bytes another file has is then neither opened nor hashed again.
-    prehashed, known = _plan_copies(todo, contents, report) if contents is not None else ({}, {})
+    prehashed, known = _plan_copies(todo, listings, contents, report) if contents is not None else ({}, {})
     opened: list[_Opened] = []
     hashed: dict[int, _Hashed] = {}
     running: deque[tuple[int, _Hashing]] = deque()
@@ -818,22 +819,15 @@ def _content_of(sf: SafetensorsFile, data: Mapping[str, str]) -> _Content:
                           for n, e in sf.tensors.items()))
 
 
-def _plan_copies(todo: list[Path], contents: Mapping[str, _Content],
-                 report: Callable[[int], None] | None) -> tuple[dict[Path, dict[str, str]], dict[Path, set[str]]]:
-    """The file digest of every safetensors file in the checkpoint directories of ``todo``, hashed on every core,
-    and per directory the files not to open: those whose digest is in ``contents`` or belongs to a file met earlier
-    in ``todo`` (read in full there). A file that cannot be hashed here (not a regular file, unreadable, gone) is
-    left out: its checkpoint's reading meets the problem in its turn, in its order."""
-    where: list[tuple[Path, str, int]] = []  # in the order of todo, each directory's files by name
-    for p in todo:
-        try:
-            if not p.is_dir():
-                continue
-            with os.scandir(p) as it:
-                where.extend(sorted((p, e.name, e.stat(follow_symlinks=False).st_size) for e in it
-                                    if e.name.endswith(".safetensors") and e.is_file(follow_symlinks=False)))
-        except OSError:
-            continue
+def _plan_copies(todo: list[Path], listings: Mapping[Path, list[tuple[str, int]] | None],
+                 contents: Mapping[str, _Content], report: Callable[[int], None] | None
+                 ) -> tuple[dict[Path, dict[str, str]], dict[Path, set[str]]]:
+    """The file digest of every safetensors file in the checkpoint directories of ``todo`` (``listings``, by
+    :func:`_listing`), hashed on every core, and per directory the files not to open: those whose digest is in
+    ``contents`` or belongs to a file met earlier in ``todo`` (read in full there). A file that cannot be hashed
+    here (not a regular file, unreadable, gone) is left out: its checkpoint's reading meets the problem in its
+    turn, in its order."""
+    where = [(p, name, size) for p in todo for name, size in listings[p] or ()]  # in the order of todo
     found = hash_files([p / name for p, name, _ in where], [n for *_, n in where])
     prehashed: dict[Path, dict[str, str]] = {p: {} for p in todo}
     known: dict[Path, set[str]] = {}
@@ -859,15 +853,9 @@ def hash_files(paths: list[Path], sizes: list[int]) -> list[str | None]:
 
     def one(path: Path, threads: bool) -> str | None:
         try:
-            fd = digests.open_regular(path, follow_symlinks=False)
-        except (OSError, UnsafeFile):
+            return digests.file_digest(path, follow_symlinks=False, threads=threads)
+        except (OSError, ValueError, UnsafeFile):
             return None
-        try:
-            return digests.fd_digest(fd, threads=threads)
-        except (OSError, ValueError):
-            return None
-        finally:
-            os.close(fd)
 
     def some(indices: list[int]) -> list[str | None]:
         return [one(paths[i], False) for i in indices]
@@ -916,13 +904,25 @@ _Hashed = tuple[dict[str, dict[str, str]], dict[str, str]]
 _Slot = tuple[str, str | None]  # (file, tensor), or (file, None) for the digest of the whole file
 
 
-def _planned_bytes(path: Path) -> int:
-    """The bytes a checkpoint's hashing will read (its safetensors files), from a directory listing, before
-    anything is opened: what tells a file that dominates the work from one among many."""
+def _listing(path: Path) -> list[tuple[str, int]] | None:
+    """The safetensors files of a checkpoint directory by name, with their sizes, from one listing made before
+    anything is opened (empty if it cannot be listed: _open reports it); None for a path that is no directory."""
+    if not path.is_dir():
+        return None
     try:
-        if path.is_dir():
-            return sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(path)
-                       if e.name.endswith(".safetensors") and e.is_file(follow_symlinks=False))
+        with os.scandir(path) as it:
+            return sorted((e.name, e.stat(follow_symlinks=False).st_size) for e in it
+                          if e.name.endswith(".safetensors") and e.is_file(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def _planned_bytes(path: Path, listing: list[tuple[str, int]] | None) -> int:
+    """The bytes a checkpoint's hashing will read (its safetensors files, or the file itself): what tells a file
+    that dominates the work from one among many."""
+    if listing is not None:
+        return sum(size for _, size in listing)
+    try:
         return path.stat().st_size
     except OSError:
         return 0  # _open reports it
