@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ledger import digests, merkle, note, tlog
 from ledger.artifacts import ArtifactStore, atomic_write
-from ledger.errors import DigestMismatch, InputError, LookupFailed, UnknownReceipt, VerificationError
+from ledger.errors import (
+    DigestMismatch,
+    InputError,
+    LookupFailed,
+    RecordInvalid,
+    RecordMismatch,
+    UnknownReceipt,
+    VerificationError,
+)
 from ledger.reads import Reads, stored_bytes
 from ledger.receipts import Kind, Receipt, make_receipt
 from ledger.rules import KEY_FORMAT, KEY_REVOCATION_FORMAT
@@ -183,6 +191,11 @@ def logged_key_receipts(store: Store) -> list[LoggedKeyReceipt]:
             raise NotInLog(rid, seq)
         receipt = Receipt.from_bytes(body)
         receipt.__dict__["id"] = actual  # the digest of its body, just computed: fills the cached_property
+        if receipt.kind != Kind.KEY.value:  # a row's kind column edited to 'key'
+            raise RecordMismatch(rid, "kind", expected=receipt.kind, actual=Kind.KEY.value)
+        if not isinstance(receipt.measurements.get("key"), str):  # a body written behind the library's back
+            raise RecordInvalid.at(f"key receipt {rid} names no key", receipt=rid, field="measurements.key",
+                                   expected="a public key", actual=receipt.measurements.get("key"))
         out.append(LoggedKeyReceipt(int(seq), int(leaf), receipt))
     return out
 

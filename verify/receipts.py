@@ -124,6 +124,14 @@ def check_row(row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef]) 
     return receipt
 
 
+def check_rows(batch: RowBatch) -> int:
+    """:func:`check_row` of every row of ``batch`` with its own edges and artifact rows; the number checked."""
+    by_child, by_receipt = _index_rows(batch.edges, batch.artifacts)
+    for row in batch.rows:
+        check_row(row, by_child.get(row.id, []), by_receipt.get(row.id, []))
+    return len(batch.rows)
+
+
 def _deleted_parents_only(stored: list[str], named: tuple[str, ...]) -> bool:
     """The edges match the body except where an edge's parent row is gone (store.missing_parent). Whether the
     receipts the body names there are really absent (a broken chain) or stored elsewhere (a re-pointed edge) is

@@ -348,3 +348,36 @@ def test_a_witness_refuses_a_head_by_the_log_key_after_its_revocation(ledger: Le
     (kept,) = state.glob("*/checkpoint")
     assert note.parse_checkpoint(note.parse_note(kept.read_bytes()).text) == note.parse_checkpoint(
         note.parse_note(before).text)
+
+
+# ------------------------------------------------------------------------------------------- an edited index
+
+
+def test_a_revocation_hidden_by_its_kind_column_fails_against_a_head(ledger: Ledger, tmp_path: Path) -> None:
+    """Readers find key receipts by the kind column; a revocation relabelled 'note' there would cancel itself. The
+    head that includes it sees every row's index compared with its body."""
+    with ledger.store() as store:
+        stored, _ = revoke_key(store, ledger.operator, "alice")
+    (after,) = ledger.sign(ledger.alice, "after")
+    with ledger.store() as store:
+        tp.export_head(store, ledger.operator, tmp_path / "head.txt")
+    revocation = stored.receipt.id
+    with sqlite3.connect(ledger.db) as conn:
+        conn.execute("UPDATE receipts SET kind = 'note' WHERE id = ?", (revocation,))
+    assert_one_line(["verify", "--db", str(ledger.db), "--head", str(tmp_path / "head.txt")], 1, revocation,
+                    "kind")
+    with sqlite3.connect(ledger.db) as conn:  # put back: the same head verifies again, every row counted
+        conn.execute("UPDATE receipts SET kind = 'key' WHERE id = ?", (revocation,))
+    with ledger.store() as store:
+        report = vt.verify_head(store, (tmp_path / "head.txt").read_bytes())
+        assert report.rows_checked == store.count() == 4
+    assert after.id  # signed after the revocation: `verify` of it fails as before (above)
+
+
+def test_a_row_labelled_key_that_is_not_one_fails_in_one_line(ledger: Ledger) -> None:
+    (note_,) = ledger.sign(ledger.operator, "a note")
+    with sqlite3.connect(ledger.db) as conn:
+        conn.execute("UPDATE receipts SET kind = 'key' WHERE id = ?", (note_.id,))
+    with ledger.store() as store, pytest.raises(VerificationError, match="kind"):
+        tp.registered_keys(store)
+    assert_one_line(["verify", "--db", str(ledger.db), note_.id], 1, note_.id, "kind")

@@ -504,3 +504,17 @@ def test_verify_head_json_and_the_receipts_it_includes(small: Signed, make_chain
     chain = make_chain()
     report = verify_against(small, [chain.eval.id, late[0].id])
     assert (report.included, report.appended_since) == (2, 1)
+
+
+@pytest.mark.parametrize("edit", ["UPDATE receipts SET prepared = NULL WHERE seq = (SELECT max(seq) FROM receipts)",
+                                  "UPDATE receipts SET run = 'elsewhere' WHERE seq = 1",
+                                  "DELETE FROM receipt_artifacts WHERE (receipt_seq, name) = (SELECT receipt_seq, "
+                                  "name FROM receipt_artifacts LIMIT 1)",
+                                  "INSERT INTO receipt_parents SELECT (SELECT max(seq) FROM receipts), 1"])
+def test_an_index_row_edited_behind_the_log_fails_against_the_head(small: Signed, edit: str) -> None:
+    """The log vouches for the bodies; the index rows (columns, parent edges, artifact rows) that readers find
+    receipts by are compared with them, every row, when a head is verified without ids."""
+    assert verify_against(small).rows_checked is not None
+    with sqlite3.connect(small.db) as conn:
+        conn.execute(edit)
+    assert_one_line(["verify", "--db", str(small.db), "--head", str(small.head)], "differs from its body")
