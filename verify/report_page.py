@@ -67,6 +67,10 @@ def check_report_page(ctx: KindCheckContext) -> list[str]:
     if again != r.artifacts["html"]:
         raise DigestMismatch("the report page rendered again from its audit", expected=r.artifacts["html"],
                              actual=again, receipt=r.id, field="artifacts.html")
+    if r.measurements.get("bytes") != len(page):
+        raise RecordInvalid.at(f"receipt {r.id}: measurements.bytes {r.measurements.get('bytes')!r} is not the "
+                               f"page's length {len(page)}", receipt=r.id, field="measurements.bytes",
+                               expected=len(page), actual=r.measurements.get("bytes"))
     return [f"report {r.id[:19]}: the page renders again from audit {audit.id[:19]}, byte for byte"]
 
 

@@ -55,6 +55,23 @@ def test_the_report_receipt_renders_again_and_a_changed_page_fails(rendered: dic
         path.write_bytes(original)
 
 
+def test_a_report_receipt_misstating_the_page_length_fails(rendered: dict[str, Any]) -> None:
+    """The receipt's digest names the page, its ``bytes`` must too: a copy claiming another length, appended with
+    the same parents and page, fails verification naming the field."""
+    from ledger.receipts import make_receipt
+
+    exp = rendered["exp"]
+    with Store.open(exp.db) as store:
+        real = store.get(rendered["report_receipt"]).receipt
+        forged = make_receipt("report", run=real.run, prepared=real.prepared, parents=list(real.parents),
+                              artifacts=real.artifacts,
+                              measurements={**real.measurements, "bytes": real.measurements["bytes"] - 1})
+        store.append(forged)
+    bad = runner.invoke(app, ["verify", "--db", str(exp.db), forged.id])
+    assert bad.exit_code == 1, bad.output
+    assert len(bad.stderr.splitlines()) == 1 and "measurements.bytes" in bad.stderr, bad.stderr
+
+
 def test_the_page_holds_the_audit_verdicts_in_a_real_browser(rendered: dict[str, Any], browser: Any,  # noqa: F811
                                                              tmp_path: Path) -> None:
     report = json.loads((rendered["exp"].workdir / "report.json").read_text())
