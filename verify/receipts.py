@@ -588,6 +588,9 @@ def check_artifacts(
             if name in _STATE_NAMES and path in checkpoints:
                 state_dirs.setdefault(r.id, []).append(path)
     for r in todo:
+        _check_files(r, [p for name in _STATE_NAMES if name in r.artifacts
+                         for p, recorded in _places(artifacts, r.artifacts[name], (), own[r.id].get(name, ()))
+                         if recorded and p in checkpoints], checkpoints)
         out: list[ArtifactCheck] = []
         for name, digest in sorted(r.artifacts.items()):
             verified_at = found.get((r.id, name), [])
@@ -635,6 +638,23 @@ def _component_of(r: Receipt, name: str, digest: str, state_dirs: list[Path],
                                  receipt=r.id, field=f"artifacts.{name}")
         matched = True
     return matched
+
+
+def _check_files(r: Receipt, dirs: list[Path], checkpoints: dict[Path, CheckpointState]) -> None:
+    """A receipt naming its checkpoint's files (``measurements.files``: file name -> file digest, as the manifest
+    it wrote) holds the same files, byte for byte, in every directory it recorded for its state: the state digest
+    covers tensors and scalars only, so a file rewritten with the same state (other ``__metadata__``, re-sharded)
+    and a manifest written again to match would otherwise pass."""
+    claimed = r.measurements.get("files")
+    if not isinstance(claimed, dict):
+        return
+    for path in dirs:
+        actual = checkpoints[path].files or {}
+        if actual == claimed:
+            continue
+        name = min(n for n in set(actual) | set(claimed) if actual.get(n) != claimed.get(n))
+        raise DigestMismatch(f"file {name!r} of checkpoint {path}", expected=claimed.get(name, "absent"),
+                             actual=actual.get(name, "absent"), receipt=r.id, field=f"measurements.files.{name}")
 
 
 def _check_place(path: Path, r: Receipt, name: str, digest: str, checkpoints: dict[Path, CheckpointState]) -> None:

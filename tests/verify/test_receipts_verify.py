@@ -411,7 +411,7 @@ def test_artifacts_option_and_env_choose_the_root(artifact_db: tuple[Path, Recei
 def checkpoint_ledger(db: Path, tmp: Path) -> tuple[list[str], dict[str, Path]]:
     """A prepare (two artifact files), a run of three checkpoints with real directories (the second also copied
     elsewhere and recorded there), its train-end, and two tips citing the run at different points."""
-    from ledger.state import checkpoint_digest
+    from ledger.state import checkpoint_digest, read_manifest
     from tests.helpers_state import make_checkpoint
 
     dirs = {f"step{s}": make_checkpoint(tmp / "run" / f"step{s}", model={"w": np.full((32, 8), s, np.float32)})
@@ -428,7 +428,8 @@ def checkpoint_ledger(db: Path, tmp: Path) -> tuple[list[str], dict[str, Path]]:
         for s in (2, 4, 6):
             chain_.append(make_receipt("checkpoint", run="v", rank=0, step=s, prepared=prepare.prepared,
                                        parents=[chain_[-1]], artifacts={"state": checkpoint_digest(dirs[f"step{s}"])},
-                                       measurements=schema_fill("checkpoint", losses=[[s, 1.0 / s]])))
+                                       measurements=schema_fill("checkpoint", losses=[[s, 1.0 / s]],
+                                                                files=dict(read_manifest(dirs[f"step{s}"]).files))))
         end = make_receipt("train-end", run="v", rank=0, step=6, prepared=prepare.prepared, parents=[chain_[-1]],
                            artifacts={"state": chain_[-1].artifacts["state"]}, measurements=schema_fill("train-end"))
         early = make_receipt("note", run="v", prepared=prepare.prepared, parents=[chain_[2]])
@@ -473,6 +474,28 @@ def test_one_verifier_reports_what_each_verify_receipt_does(ledger_db: Path, tmp
     in_checkpoints = [p for p in hashed if any(d in p.parents for d in dirs.values())]
     assert len(hashed) - len(in_checkpoints) == 2  # the two artifact files
     assert set(in_checkpoints) == {f for d in dirs.values() for f in d.glob("*.safetensors")}  # the copy's too
+
+
+def test_a_checkpoint_file_rewritten_with_the_same_state_fails_its_receipts_files(ledger_db: Path,
+                                                                                    tmp_path: Path) -> None:
+    """The state digest covers tensors and scalars only: a model file written again with other ``__metadata__``
+    (the same tensors) and the manifest written again to match keep the state, and so pass every digest but the
+    file digests the checkpoint receipt recorded (``measurements.files``), which name it."""
+    from safetensors.numpy import load_file, save_file
+
+    from ledger.state import read_manifest, write_manifest
+
+    tips, dirs = checkpoint_ledger(ledger_db, tmp_path)
+    model = dirs["step2"] / "model.safetensors"
+    save_file(load_file(str(model)), str(model), metadata={"note": "rewritten"})
+    meta = read_manifest(dirs["step2"]).meta
+    write_manifest(dirs["step2"], dict(meta))
+    with Store.open(ledger_db) as store:
+        arts = ArtifactStore(default_root(store.url))
+        with pytest.raises(DigestMismatch) as info:
+            verify_receipt(store, tips[0], artifacts=arts, require_artifacts=True)
+    assert info.value.field == "measurements.files.model.safetensors"
+    assert "model.safetensors" in info.value.one_line() and str(dirs["step2"]) in info.value.one_line()
 
 
 @pytest.mark.parametrize("damaged", ["step2", "copy", "data"])
