@@ -7,6 +7,7 @@ Exit codes (documented in docs/cli.md and the README):
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 EXIT_OK = 0
@@ -16,13 +17,31 @@ EXIT_LOOKUP = 3
 EXIT_DATABASE = 4
 
 
+# What a terminal acts on rather than shows: C0 and C1 controls (escape sequences, carriage return, backspace), the
+# line and paragraph separators and the bidirectional overrides and isolates (text that reads other than it is).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNPRINTABLE_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    code = ord(m.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str, *, lines: bool = False) -> str:
+    """``text`` with every character a terminal would act on written as its escape (``\\x1b``, ``\\u202e``): a
+    tensor name read from a file, a message quoting one, shows as what it is and cannot move the cursor or recolour
+    the screen. ``lines`` keeps newlines and tabs (text laid out in lines on purpose)."""
+    return (_UNPRINTABLE_BUT_LINES if lines else _UNPRINTABLE).sub(_escape, text)
+
+
 class LedgerError(Exception):
     """Base of every error the library raises on purpose."""
 
     exit_code: int = EXIT_FAILED
 
     def one_line(self) -> str:
-        return " ".join(str(self).split())
+        return printable(" ".join(str(self).split()))
 
 
 # -------------------------------------------------------------------------------------------- input errors

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ledger.errors import EXIT_DATABASE, EXIT_USAGE, LedgerError
+from ledger.errors import EXIT_DATABASE, EXIT_USAGE, LedgerError, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -42,9 +42,20 @@ class LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.console, name)
 
+    def print(self, *objects: Any, **options: Any) -> None:
+        """Console.print, each string shown as it is (see :func:`add_row`)."""
+        self.console.print(*(printable(o, lines=True) if isinstance(o, str) else o for o in objects), **options)
 
-out: Console = LazyConsole(highlight=False, soft_wrap=True)  # type: ignore[assignment]
-err: Console = LazyConsole(stderr=True, highlight=False, soft_wrap=True)  # type: ignore[assignment]
+
+# No markup: text read from files and receipts (a tensor named "[/]" or "[red]x") is printed, never interpreted.
+out: Console = LazyConsole(highlight=False, soft_wrap=True, markup=False)  # type: ignore[assignment]
+err: Console = LazyConsole(stderr=True, highlight=False, soft_wrap=True, markup=False)  # type: ignore[assignment]
+
+
+def add_row(table: Table, *cells: Any) -> None:
+    """``table.add_row`` with each string cell shown as it is: escape sequences, newlines and bidi overrides in a
+    name from a file or a receipt are written as escapes (ledger.errors.printable), one row per row."""
+    table.add_row(*(printable(c) if isinstance(c, str) else c for c in cells))
 
 
 class ErrorMappingGroup(TyperGroup):
@@ -148,4 +159,5 @@ def print_wide(table: Table, console: Console | None = None) -> None:
     if isinstance(console, LazyConsole):
         console = console.console
     need = Measurement.get(console, console.options.update(width=100_000), table).maximum
-    Console(highlight=False, soft_wrap=True, width=max(console.width, need), file=console.file).print(table)
+    Console(highlight=False, soft_wrap=True, markup=False, width=max(console.width, need),
+            file=console.file).print(table)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ledger.cli.common import DbOpt, JsonOpt, emit_json, open_store, out
+from ledger.cli.common import DbOpt, JsonOpt, add_row, emit_json, open_store, out
 from ledger.errors import InputError
 
 
@@ -84,18 +84,18 @@ def show(
     table = Table(title=f"{r.kind} receipt", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    table.add_row("id", r.id)
+    add_row(table, "id", r.id)
     for name in ("run", "rank", "step", "prepared", "selection"):
         value = getattr(r, name)
         if value is not None:
-            table.add_row(name, str(value))
+            add_row(table, name, str(value))
     for p in r.parents:
-        table.add_row("parent", p)
+        add_row(table, "parent", p)
     for name, digest in sorted(r.artifacts.items()):
-        table.add_row(f"artifact {name}", digest)
+        add_row(table, f"artifact {name}", digest)
     for name, value in sorted(r.measurements.items()):
         shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
-        table.add_row(name, shown)
+        add_row(table, name, shown)
     out.print(table)
     if r.kind in ("eval", "comparison", "quality"):  # breakdowns, comparisons and conditions as tables
         from ledger.cli.render import render_receipt
@@ -131,7 +131,7 @@ def log(
         table.add_column(col)
     for s in found:
         r = s.receipt
-        table.add_row(str(s.seq), r.id[:23], r.kind, r.run or "", _opt(r.rank), _opt(r.step), str(len(r.parents)))
+        add_row(table, str(s.seq), r.id[:23], r.kind, r.run or "", _opt(r.rank), _opt(r.step), str(len(r.parents)))
     out.print(table)
     out.print(f"{len(found)} receipt(s)")
 

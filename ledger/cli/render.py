@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ledger.cli.common import print_wide
+from ledger.cli.common import add_row, print_wide
 from ledger.receipts import Receipt
 
 
@@ -33,7 +33,7 @@ def breakdown_table(breakdowns: Mapping[str, Mapping[str, Mapping[str, int]]], t
     for axis, cells in breakdowns.items():
         for key, cell in cells.items():
             docs = cell["documents"]
-            table.add_row(axis, key, str(cell["correct"]), str(docs), f"{cell['correct'] / docs:.4f}" if docs else "-")
+            add_row(table, axis, key, str(cell["correct"]), str(docs), f"{cell['correct'] / docs:.4f}" if docs else "-")
     return table
 
 
@@ -46,7 +46,7 @@ def merged_breakdown_table(merged: Mapping[str, Mapping[str, Mapping[str, int]]]
         table.add_column(arm, justify="right")
     for axis, cells in merged.items():
         for key, cell in cells.items():
-            table.add_row(axis, key, *(str(cell.get(a, "-")) for a in (*arms, "documents")))
+            add_row(table, axis, key, *(str(cell.get(a, "-")) for a in (*arms, "documents")))
     return table
 
 
@@ -60,7 +60,7 @@ def comparisons_table(comparisons: Mapping[str, Mapping[str, Any]]) -> Table:
         table.add_column(col, justify="left" if col == "comparison" else "right")
     for name, m in comparisons.items():
         ret = m.get("retention") or {}
-        table.add_row(name, str(m["baseline_correct"]), str(m["candidate_correct"]), str(m["gained"]),
+        add_row(table, name, str(m["baseline_correct"]), str(m["candidate_correct"]), str(m["gained"]),
                       str(m["lost"]), _num(m["accuracy_gain"]), _num(m["standard_error"]),
                       _num(m["normal_99pct_lower"]), _num(m["normal_99pct_upper"]), _num(m["exact_one_sided_p"]),
                       _num(ret.get("mean_change")), _num(ret.get("normal_99pct_upper")))
@@ -73,7 +73,7 @@ def conditions_table(conditions: Mapping[str, Mapping[str, Any]]) -> Table:
     for col in ("condition", "passed", "figure", "threshold", "rule"):
         table.add_column(col, justify="right" if col in ("figure", "threshold") else "left")
     for name, c in conditions.items():
-        table.add_row(name, _num(bool(c["passed"])), _num(c["figure"]), _num(c["threshold"]), str(c.get("rule", "")))
+        add_row(table, name, _num(bool(c["passed"])), _num(c["figure"]), _num(c["threshold"]), str(c.get("rule", "")))
     return table
 
 
@@ -91,9 +91,9 @@ def render_receipt(console: Console, r: Receipt) -> None:
         table.add_column("field", style="bold")
         table.add_column("value", justify="right")
         for key in sorted(k for k in m if k not in ("method", "comparison", "baseline", "candidate", "retention")):
-            table.add_row(key, m[key] if isinstance(m[key], str) else repr(m[key]))
+            add_row(table, key, m[key] if isinstance(m[key], str) else repr(m[key]))
         for key, value in sorted((m.get("retention") or {}).items()):
-            table.add_row(f"retention {key}", value if isinstance(value, str) else repr(value))
+            add_row(table, f"retention {key}", value if isinstance(value, str) else repr(value))
         print_wide(console=console, table=table)
     elif r.kind == "quality" and "conditions" in m:
         print_wide(console=console, table=conditions_table(m["conditions"]))

@@ -21,6 +21,7 @@ from ledger.cli.common import (
     PreparedOpt,
     RunDbOpt,
     WorkdirOpt,
+    add_row,
     emit,
     emit_json,
     err,
@@ -251,7 +252,7 @@ def eval_cmd(
         evals.add_column(col, justify="left" if col in ("model", "receipt") else "right")
     for arm, r in result.evals.items():
         m = r.measurements
-        evals.add_row(arm, str(m["correct"]), str(m["documents"]), f"{m['correct'] / m['documents']:.4f}",
+        add_row(evals, arm, str(m["correct"]), str(m["documents"]), f"{m['correct'] / m['documents']:.4f}",
                       f"{m['retention']['mean_nll']:.4f}",
                       "reused" if arm in result.reused else f"{result.seconds[f'eval/{arm}']:.1f}",
                       r.id)

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ledger.cli.common import DbOpt, JsonOpt, emit_json, err, open_store, out, print_wide
-from ledger.errors import EXIT_FAILED, InputError
+from ledger.cli.common import DbOpt, JsonOpt, add_row, emit_json, err, open_store, out, print_wide
+from ledger.errors import EXIT_FAILED, InputError, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -46,12 +46,20 @@ class _ProgressBar:
         if self._bar is None:
             if self._clock() - self._start < self.DELAY or not self._console.is_terminal:
                 return
-            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
-            self._bar = Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                                 TimeRemainingColumn(), console=self._console, transient=True)
+            # the label names a path: shown as it is, never read as markup
+            self._bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), TimeRemainingColumn(), console=self._console, transient=True)
             self._bar.start()
-            self._task = self._bar.add_task(self._label, total=total)
+            self._task = self._bar.add_task(printable(self._label), total=total)
         self._bar.update(self._task, completed=self._done)
 
     @property
@@ -101,7 +109,7 @@ def digest(
         table.add_column(col, justify="right" if col in ("tensors", "elements", "scalars") else "left",
                          no_wrap=True)
     for name, c in result["components"].items():
-        table.add_row(name, c["digest"], str(c["tensors"]), f"{c['tensor_elements']:,}", str(c["scalars"]))
+        add_row(table, name, c["digest"], str(c["tensors"]), f"{c['tensor_elements']:,}", str(c["scalars"]))
     print_wide(table)
     if tensors:
         ttable = Table(show_edge=False, title="tensors", title_justify="left")
@@ -109,14 +117,14 @@ def digest(
             ttable.add_column(col, no_wrap=True)
         for comp, ts in result["tensors"].items():
             for name, t in ts.items():
-                ttable.add_row(comp, name, t["dtype"], _shape_text(t["shape"]), t["digest"])
+                add_row(ttable, comp, name, t["dtype"], _shape_text(t["shape"]), t["digest"])
         print_wide(ttable)
     if state.files is not None:
         ftable = Table(show_edge=False, title="files", title_justify="left")
         ftable.add_column("file")
         ftable.add_column("digest (b3sum)", no_wrap=True)
         for name, d in state.files.items():
-            ftable.add_row(name, d)
+            add_row(ftable, name, d)
         print_wide(ftable)
 
 
@@ -173,7 +181,7 @@ def compare(
         for col in ("component", "equal", "tensors", "tensor_elements", "scalars", "differing"):
             table.add_column(col, justify="left" if col in ("component", "equal") else "right")
         for c in report.components:
-            table.add_row(c.component, "yes" if c.equal else "NO", _counts_text(c.counts_a, c.counts_b, "tensors"),
+            add_row(table, c.component, "yes" if c.equal else "NO", _counts_text(c.counts_a, c.counts_b, "tensors"),
                           _counts_text(c.counts_a, c.counts_b, "tensor_elements"),
                           _counts_text(c.counts_a, c.counts_b, "scalars"), str(c.differing_tensors))
         print_wide(table)

@@ -261,3 +261,26 @@ def test_digest_and_compare_import_neither_torch_nor_numpy(tmp_path: Path) -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
+
+
+HOSTILE_NAMES = ("[/]", "[bold red]EQUAL[/bold red]", "a\x1b[2J\x1b[31mOK", "a\nb\nEQUAL", "r\u202etxt")
+
+
+def test_names_from_a_file_are_printed_as_they_are(tmp_path: Path) -> None:
+    """Tensor names are the file's: never read as rich markup (a '[/]' raised MarkupError, a traceback), escape
+    sequences and newlines written as escapes, one table row per tensor; the JSON keeps them exact."""
+    from tests.helpers_state import raw_safetensors
+
+    a = raw_safetensors(tmp_path / "a.safetensors", {n: ("U8", [1], b"\x00") for n in HOSTILE_NAMES})
+    b = raw_safetensors(tmp_path / "b.safetensors", {n: ("U8", [1], b"\x01" if n == "[/]" else b"\x00")
+                                                     for n in HOSTILE_NAMES})
+    result = run("digest", a)
+    assert result.exit_code == 0, result.output
+    for shown in ("[/]", "[bold red]EQUAL[/bold red]", "a\\x1b[2J\\x1b[31mOK", "a\\x0ab\\x0aEQUAL", "r\\u202etxt"):
+        assert shown in result.stdout, (shown, result.stdout)
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+    assert not any(line.strip() in ("b", "EQUAL") for line in result.stdout.splitlines())
+    assert set(json.loads(run("digest", a, "--json").stdout)["tensors"]["a"]) == set(HOSTILE_NAMES)
+    result = run("compare", a, b)
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.stdout.rstrip().splitlines()[-1].startswith("DIFFERENT") and "[/]" in result.stdout
