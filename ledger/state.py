@@ -64,6 +64,9 @@ DTYPE_SIZES: Final[Mapping[str, int]] = {
     "U64": 8, "I64": 8, "F64": 8, "C64": 8,
 }
 MAX_HEADER: Final = 100_000_000  # the limit safetensors itself enforces
+# Tensors a file may hold: more than any published checkpoint's shard (DeepSeek-V3 has about 91,000 in all); a
+# header within MAX_HEADER could otherwise declare millions, and parsing them takes gigabytes and minutes.
+MAX_TENSORS: Final = 200_000
 
 _SHARD_RE: Final = re.compile(r"^(?P<c>[a-z][a-z0-9_]*)-(?P<i>[0-9]{1,6})-of-(?P<n>[0-9]{1,6})\.safetensors$")
 _SINGLE_RE: Final = re.compile(r"^(?P<c>[a-z][a-z0-9_]*)\.(?P<ext>safetensors|json)$")
@@ -165,6 +168,12 @@ class SafetensorsFile:
         return UnsafeFile(str(self.path), detail)
 
     def _parse_header(self, raw: bytes) -> tuple[dict[str, str], dict[str, TensorEntry]]:
+        # Before parsing: every tensor entry is a JSON object, so '{' bounds their number from above (the header
+        # and __metadata__ are the other two).
+        objects = raw.count(b"{")
+        if objects > MAX_TENSORS + 2:
+            raise self._bad(f"header holds {objects:,} JSON objects, more than a file of at most {MAX_TENSORS:,} "
+                            f"tensors can (one each)")
         try:
             header = json.loads(raw.decode("utf-8"), object_pairs_hook=digests.reject_duplicate_keys)
         except (UnicodeDecodeError, ValueError, NonCanonical) as exc:
@@ -176,6 +185,8 @@ class SafetensorsFile:
         metadata = header.pop("__metadata__", {})
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise self._bad("__metadata__ is not an object of strings")
+        if len(header) > MAX_TENSORS:  # the count above lets one more through when there is no __metadata__
+            raise self._bad(f"header names {len(header):,} tensors, more than the {MAX_TENSORS:,} a file may hold")
         buffer_len = self.size - self.header_end
         entries: list[TensorEntry] = []
         for name, info in header.items():

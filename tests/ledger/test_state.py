@@ -25,6 +25,7 @@ from ledger import digests
 from ledger.errors import DigestMismatch, InputError, UnsafeFile
 from ledger.state import (
     MANIFEST,
+    MAX_TENSORS,
     PARALLEL_MIN_BYTES,
     SafetensorsFile,
     StateCache,
@@ -256,12 +257,17 @@ def _bad_files(tmp: Path) -> dict[str, tuple[Path, str]]:
                                           b'"x": {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}}',
                                           b"\0" * 8), "duplicate key 'x'")
     cases["bad-metadata"] = (hdr({**GOOD_HEADER, "__metadata__": {"a": 1}}), "__metadata__")
+    # within the header length limit, more tensors than a file may hold: refused before the header is parsed
+    many = {f"t{i}": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]} for i in range(MAX_TENSORS + 2)}
+    cases["too-many-tensors"] = (hdr(many), f"more than a file of at most {MAX_TENSORS:,} tensors")
+    many.pop("t0")  # one too many, no __metadata__: counted once parsed
+    cases["one-too-many"] = (hdr(many), f"more than the {MAX_TENSORS:,} a file may hold")
     return cases
 
 
 def test_damaged_safetensors_files_are_refused_with_one_line(tmp_path: Path) -> None:
     cases = _bad_files(tmp_path)
-    assert len(cases) == 15
+    assert len(cases) == 17
     for name, (path, fragment) in cases.items():
         with pytest.raises(UnsafeFile) as info:
             read_state(path)
