@@ -190,6 +190,11 @@ class SafetensorsFile:
         buffer_len = self.size - self.header_end
         entries: list[TensorEntry] = []
         for name, info in header.items():
+            if not name.isascii():  # a "\ud800" escape parses to a lone surrogate, which no digest can encode
+                try:
+                    name.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise self._bad(f"tensor name {name!r} is not valid Unicode (a lone surrogate)") from None
             entries.append(self._entry(name, info, buffer_len))
         # Sorted by position, each tensor must start exactly where the previous one ended (zero-size tensors
         # sit between neighbours), the first at 0 and the last ending at the end of the file.

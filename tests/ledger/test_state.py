@@ -261,13 +261,16 @@ def _bad_files(tmp: Path) -> dict[str, tuple[Path, str]]:
     many = {f"t{i}": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]} for i in range(MAX_TENSORS + 2)}
     cases["too-many-tensors"] = (hdr(many), f"more than a file of at most {MAX_TENSORS:,} tensors")
     many.pop("t0")  # one too many, no __metadata__: counted once parsed
+    cases["surrogate-name"] = (write_file(tmp / "surrogate" / "model.safetensors",
+                                          b'{"\\ud800": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
+                                          b"\0"), "is not valid Unicode")
     cases["one-too-many"] = (hdr(many), f"more than the {MAX_TENSORS:,} a file may hold")
     return cases
 
 
 def test_damaged_safetensors_files_are_refused_with_one_line(tmp_path: Path) -> None:
     cases = _bad_files(tmp_path)
-    assert len(cases) == 17
+    assert len(cases) == 18
     for name, (path, fragment) in cases.items():
         with pytest.raises(UnsafeFile) as info:
             read_state(path)

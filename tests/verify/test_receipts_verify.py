@@ -316,6 +316,19 @@ def verify_json(db: Path, ref: str, *extra: str) -> dict[str, Any]:
     return report
 
 
+def test_a_failed_verify_json_prints_its_diagnostics_on_stdout(artifact_db: tuple[Path, ReceiptChain, Path, str]
+                                                                ) -> None:
+    """docs/cli.md: the one line on stderr, exit 1, and with --json the diagnostics object on stdout."""
+    db, c, path, digest = artifact_db
+    path.write_bytes(path.read_bytes() + b"x")
+    result = verify_cli(db, c.eval.id, "--json")
+    assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1, result.output
+    value = json.loads(result.stdout)
+    assert value["ok"] is False and value["error"] == "DigestMismatch" and value["expected"] == digest
+    assert value["receipt"] == c.prepare.id and value["field"] == "artifacts.data"
+    assert value["message"] in result.stderr
+
+
 def test_present_artifact_is_verified(artifact_db: tuple[Path, ReceiptChain, Path, str]) -> None:
     db, c, _path, digest = artifact_db
     result = verify_cli(db, c.eval.id)
