@@ -710,6 +710,15 @@ class Store:
         """``prepared`` if a prepare receipt has that digest, else the latest prepare receipt's digest."""
         found = self.find(kind="prepare", prepared=prepared)
         if not found or found[-1].receipt.prepared is None:
+            # Receipts of such an experiment without its prepare receipt: a broken chain, not a missing step.
+            where = "prepared IS NOT NULL" if prepared is None else "prepared = ?"
+            with self.reading() as reads:
+                orphan = reads.all(f"SELECT id, prepared FROM receipts WHERE {where} ORDER BY seq LIMIT 1",
+                                   () if prepared is None else (prepared,))
+            if orphan:
+                rid, digest = orphan[0]
+                raise ChainBroken(rid, f"its experiment (prepared {digest}) has no prepare receipt in the ledger",
+                                  field="prepared", expected="a prepare receipt with that digest", actual=None)
             raise InputError("no prepare receipt in the ledger: run `ledger run prepare` first" if prepared is None
                              else f"no prepare receipt with prepared digest {prepared}")
         return found[-1].receipt.prepared

@@ -521,3 +521,31 @@ def test_a_batch_stores_every_byte_as_given(store: Store) -> None:
         sigs = tlog.signatures_by_seq(reads, [s.seq for s in stored])
     assert {len(v) for v in sigs.values()} == {1}
     assert verify_receipt(store, batch[-1].id).receipts_checked == 2
+
+
+def test_an_experiment_whose_prepare_receipt_is_gone_is_a_broken_chain(ledger_db: Path, make_chain: MakeChain
+                                                                       ) -> None:
+    """Receipts of an experiment without its prepare receipt (the row deleted behind the library's back) are a
+    broken chain (exit 1), not a ledger that was never prepared (exit 2 and a hint to run prepare)."""
+    from typer.testing import CliRunner
+
+    from ledger.cli import app
+
+    c = make_chain()
+    with Store.open(ledger_db) as store:
+        store.append_many(c.receipts())
+    with sqlite3.connect(ledger_db) as conn:
+        seq = conn.execute("SELECT seq FROM receipts WHERE id = ?", (c.prepare.id,)).fetchone()[0]
+        conn.execute("DELETE FROM receipt_artifacts WHERE receipt_seq = ?", (seq,))
+        conn.execute("DELETE FROM receipts WHERE seq = ?", (seq,))
+    with Store.open(ledger_db) as store:
+        with pytest.raises(ChainBroken, match="has no prepare receipt") as info:
+            store.latest_prepared()
+        assert info.value.field == "prepared" and info.value.receipt != c.prepare.id
+        with pytest.raises(ChainBroken):
+            store.latest_prepared(c.prepare.prepared)
+        with pytest.raises(InputError, match="no prepare receipt with prepared digest"):
+            store.latest_prepared(digests.raw_digest(b"another experiment"))
+    result = CliRunner().invoke(app, ["audit", "--no-record", "--db", str(ledger_db)])
+    assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1, result.output
+    assert "has no prepare receipt" in result.stderr
