@@ -267,6 +267,15 @@ class RecordInvalid(VerificationError):
                          field=field, expected=expected, actual=actual)
 
 
+class StoredBodyInvalid(VerificationError):
+    """A stored receipt row whose body is not a receipt: the ledger is damaged, or was written behind the library's
+    back (exit 1, as verification reports it; the input of the command was fine)."""
+
+    def __init__(self, receipt: str, detail: str) -> None:
+        super().__init__(f"receipt {receipt}: stored body does not parse: {detail}", receipt=receipt, field="body",
+                         expected="a canonical receipt body", actual=detail)
+
+
 class ReportMismatch(VerificationError):
     """A stored report differs from the one rebuilt from the ledger; names the first differing field."""
 

@@ -22,7 +22,7 @@ from ledger.database import (
     BUSY_TIMEOUT_S,
     failure,
 )
-from ledger.errors import AmbiguousReceipt, InputError, MalformedDigest, MalformedReceipt, UnknownReceipt
+from ledger.errors import AmbiguousReceipt, InputError, MalformedDigest, StoredBodyInvalid, UnknownReceipt
 from ledger.receipts import Receipt
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def parsed(row: StoredRow) -> Stored:
     try:
         receipt = row.to_receipt()
     except InputError as exc:
-        raise MalformedReceipt(f"stored body does not parse: {exc.one_line()}", row.id) from exc
+        raise StoredBodyInvalid(row.id, exc.one_line()) from exc
     return Stored(receipt, row.seq, row.recorded_ns)
 
 

@@ -48,8 +48,8 @@ from ledger.errors import (
     ChainBroken,
     DatabaseError,
     InputError,
-    MalformedReceipt,
     MissingParents,
+    StoredBodyInvalid,
     UnknownReceipt,
 )
 from ledger.note import Signer
@@ -255,7 +255,7 @@ def _parsed_body(rid: str, body: bytes) -> Receipt:
     try:
         return Receipt.from_bytes(body)
     except InputError as exc:
-        raise MalformedReceipt(f"stored body does not parse: {exc.one_line()}", rid) from exc
+        raise StoredBodyInvalid(rid, exc.one_line()) from exc
 
 
 def database_error(url: str, exc: DBAPIError) -> DatabaseError:

@@ -323,8 +323,8 @@ def test_a_deep_body_already_stored_breaks_no_read(tmp_path: Path) -> None:
                      " VALUES (?, ?, 'note', NULL, NULL, NULL, NULL, NULL, ?, 0)", (seq, deep_id, body))
     conn.close()
     nested = "nested 975 levels deep"
-    for args in (["log"], ["log", "--json"], ["show", deep_id]):
-        line = fails(EXIT_USAGE, *args, "--db", db)
+    for args in (["log"], ["log", "--json"], ["show", deep_id]):  # the ledger is damaged, not the input: exit 1
+        line = fails(EXIT_FAILED, *args, "--db", db)
         assert deep_id in line and nested in line, line
     line = fails(EXIT_FAILED, "verify", deep_id, "--db", db)
     assert f"receipt {deep_id}: body is not a valid receipt" in line and nested in line
@@ -333,7 +333,7 @@ def test_a_deep_body_already_stored_breaks_no_read(tmp_path: Path) -> None:
     assert result.exit_code == 0 and len(json.loads(result.stdout)) == 1
     # appending a child of it names the stored receipt too, and stores nothing
     child = make_receipt("note", parents=[deep_id])
-    line = fails(EXIT_USAGE, "append", receipts_file(tmp_path / "child.jsonl", [child]), "--db", db)
+    line = fails(EXIT_FAILED, "append", receipts_file(tmp_path / "child.jsonl", [child]), "--db", db)
     assert deep_id in line and nested in line
     with Store.open(db) as store:
         assert not store.contains(child.id)
