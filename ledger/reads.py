@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
 MIN_PREFIX: Final = 4
+_UNDECODABLE: Final = re.compile(r"Could not decode to UTF-8 column '(\w+)'")
 _HEX_RE: Final = re.compile(r"^[0-9a-f]+$")
 # A receipts row's columns, in StoredRow's order (the store selects the same, tests/ledger/test_reads.py checks).
 ROW_COLUMNS: Final = ("seq", "id", "kind", "run", "rank", "step", "prepared", "selection", "body", "recorded_ns")
@@ -160,7 +161,30 @@ class SqliteReads:
         try:
             return self.conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
+            undecodable = _UNDECODABLE.match(str(exc))
+            found = self._undecodable(undecodable.group(1)) if undecodable else None
+            if found is not None:
+                raise found from exc
             raise failure(self.url, str(exc)) from exc
+
+    def _undecodable(self, column: str) -> StoredBodyInvalid | None:
+        """The receipt whose ``column`` holds TEXT that is not UTF-8 (sqlite3 cannot return it, and names only the
+        column): written behind the library's back, e.g. ``CAST(body || x'ff' AS TEXT)`` in the sqlite3 shell."""
+        if column not in ROW_COLUMNS:
+            return None
+        try:
+            rows = self.conn.execute(f"SELECT CAST(id AS BLOB), seq, CAST({column} AS BLOB) FROM receipts "
+                                     f"WHERE typeof({column}) = 'text' ORDER BY seq").fetchall()
+        except sqlite3.Error:
+            return None
+        for rid, seq, value in rows:
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                name = rid.decode("utf-8", "backslashreplace") if column != "id" else f"at seq {seq}"
+                return StoredBodyInvalid(name, f"its {column} column holds TEXT that is not UTF-8 (byte {exc.start}): "
+                                               "written behind the library's back")
+        return None
 
     @contextmanager
     def snapshot(self) -> Iterator[SqliteReads]:

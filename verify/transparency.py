@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 from ledger import digests, merkle, note, tlog
 from ledger.artifacts import ArtifactStore, atomic_write
-from ledger.errors import DigestMismatch, VerificationError
+from ledger.errors import DigestMismatch, StoredBodyInvalid, VerificationError
 from ledger.reads import Reads, marks, scalar, stored_bytes
 from ledger.receipts import Receipt
 from ledger.revocation import Revocation, all_revocations
@@ -498,6 +498,8 @@ def _refold(conn: Reads, cp: note.Checkpoint, size: int, root: bytes) -> tuple[i
             raise LogCorrupt(f"leaf {fold.size} is missing from log_leaves", expected=fold.size,
                              actual=row.leaf_index)
         if row.receipt is None or row.body is None:
+            if row.receipt is not None:  # the row is there, its body is not (NULL)
+                raise StoredBodyInvalid(row.receipt, f"the row at seq {row.seq} (leaf {row.leaf_index}) has no body")
             gone = gone or (row.leaf_index, row.seq)
             fold.add(row.stored_hash or bytes(32))
             continue

@@ -339,6 +339,21 @@ def test_a_deep_body_already_stored_breaks_no_read(tmp_path: Path) -> None:
         assert not store.contains(child.id)
 
 
+def test_a_body_stored_as_text_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    """sqlite3 cannot return TEXT that is not UTF-8 and names only the column; the reader finds the receipt that
+    holds it and says so (exit 1: the ledger is damaged), and the receipts around it still verify."""
+    chain = build_chain()
+    db = ledger_with(tmp_path / "ledger.db", chain)
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("UPDATE receipts SET body = CAST(body || x'ff' AS TEXT) WHERE id = ?", (chain.eval.id,))
+    conn.close()
+    for args in (["log"], ["verify", chain.eval.id]):
+        line = fails(EXIT_FAILED, *args, "--db", db)
+        assert chain.eval.id in line and "not UTF-8" in line, line
+    assert run("verify", chain.prepare.id, "--db", db).exit_code == 0
+
+
 # -------------------------------------------------------------------------------- 8. compare-runs of two arms
 
 

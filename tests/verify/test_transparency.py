@@ -518,3 +518,18 @@ def test_an_index_row_edited_behind_the_log_fails_against_the_head(small: Signed
     with sqlite3.connect(small.db) as conn:
         conn.execute(edit)
     assert_one_line(["verify", "--db", str(small.db), "--head", str(small.head)], "differs from its body")
+
+
+def test_a_row_whose_body_is_null_is_named_not_called_gone(small: Signed) -> None:
+    """A body set to NULL (the column's NOT NULL dropped behind the library's back first): the row is there, so
+    the head's check names it and says what is missing, rather than calling the receipt gone."""
+    with sqlite3.connect(small.db) as conn:
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("UPDATE sqlite_master SET sql = replace(sql, 'body BLOB NOT NULL', 'body BLOB') "
+                     "WHERE name = 'receipts'")
+    with sqlite3.connect(small.db) as conn:
+        rid = conn.execute("SELECT id FROM receipts WHERE seq = 3").fetchone()[0]
+        conn.execute("UPDATE receipts SET body = NULL WHERE seq = 3")
+    assert_one_line(["verify", "--db", str(small.db), "--head", str(small.head)], f"{rid}: stored body")
+    code, _, stderr = cli("verify", "--db", str(small.db), "--head", str(small.head))
+    assert "has no body" in stderr and "gone" not in stderr
