@@ -672,6 +672,8 @@ def _open(path: Path, require_manifest: bool, prehashed: Mapping[str, str] | Non
             raise
         return opened
     if not path.exists():
+        if path.is_symlink():  # exists() follows links: a dangling one or a loop
+            raise UnsafeFile(str(path), "is a symbolic link that leads nowhere (dangling, or a loop)")
         raise FileNotFoundError(2, "No such file or directory", str(path))
     # A lone file: refuse pickles whatever the extension (SafetensorsFile sniffs .safetensors files itself, where
     # a valid header length may begin like a pickle), and anything else not named .safetensors.

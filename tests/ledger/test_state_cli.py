@@ -105,6 +105,10 @@ def test_digest_errors_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "x.txt").write_text("x")
     result = run("digest", tmp_path / "x.txt")
     assert result.exit_code == 2 and "not a .safetensors file" in result.stderr
+    (tmp_path / "a.safetensors").symlink_to("b.safetensors")  # a loop: not "no such file"
+    (tmp_path / "b.safetensors").symlink_to("a.safetensors")
+    result = run("digest", tmp_path / "a.safetensors")
+    assert result.exit_code == 2 and "symbolic link that leads nowhere" in result.stderr, result.stderr
 
 
 # ------------------------------------------------------------------------------------------------ compare
