@@ -27,7 +27,15 @@ from typing import Any, Literal
 
 from ledger import chain, digests
 from ledger.artifacts import ArtifactStore, path_from_uri
-from ledger.errors import DigestMismatch, LedgerError, MissingArtifact, RecordInvalid, RecordMismatch, VerificationError
+from ledger.errors import (
+    DigestMismatch,
+    LedgerError,
+    MissingArtifact,
+    RecordInvalid,
+    RecordMismatch,
+    UnsafeFile,
+    VerificationError,
+)
 from ledger.receipts import Receipt
 from ledger.state import CheckpointState, StateCache, prefetch_states, recompute
 from ledger.store import ArtifactRef, ParentEdge, RowBatch, Store, StoredRow
@@ -669,9 +677,10 @@ def _check_place(path: Path, r: Receipt, name: str, digest: str, checkpoints: di
     try:
         actual = recompute(path)
     except LedgerError as exc:  # not a regular file, unreadable...: this copy does not verify
-        raise RecordInvalid.at(f"receipt {r.id}: artifact {name!r} at {path}: {exc.one_line()}", receipt=r.id,
+        problem = exc.detail if isinstance(exc, UnsafeFile) and exc.path == str(path) else exc.one_line()
+        raise RecordInvalid.at(f"receipt {r.id}: artifact {name!r} at {path}: {problem}", receipt=r.id,
                                field=f"artifacts.{name}", expected="a readable regular file",
-                               actual=exc.one_line()) from exc
+                               actual=problem) from exc
     if actual != digest:
         raise DigestMismatch(f"artifact {name!r} at {path}", expected=digest, actual=actual,
                              receipt=r.id, field=f"artifacts.{name}")

@@ -329,6 +329,17 @@ def test_a_failed_verify_json_prints_its_diagnostics_on_stdout(artifact_db: tupl
     assert value["message"] in result.stderr
 
 
+def test_an_artifact_replaced_by_a_fifo_fails_in_one_line_naming_it_once(
+        artifact_db: tuple[Path, ReceiptChain, Path, str]) -> None:
+    import os
+
+    db, c, path, _digest = artifact_db
+    path.unlink()
+    os.mkfifo(path)
+    line = failed_line(verify_cli(db, c.eval.id))  # refused unopened: no hang
+    assert "is a FIFO" in line and line.count(str(path)) == 1, line
+
+
 def test_present_artifact_is_verified(artifact_db: tuple[Path, ReceiptChain, Path, str]) -> None:
     db, c, _path, digest = artifact_db
     result = verify_cli(db, c.eval.id)
