@@ -137,25 +137,35 @@ def revoke_key(store: Store, signer: Signer, ref: str) -> tuple[Stored, Revocati
     witness key as signer (InputError), a signer the ledger does not register or has revoked (RevocationRefused).
     The ledger's revocations are taken as stored; whether each is validly signed is verify's to say (the CLI runs
     verify.transparency.checked_revocations first)."""
-    if signer.alg != ALG_ED25519:
-        raise InputError(f"key {signer.name} is a witness (cosignature/v1) key: revocations are signed with an "
-                         f"Ed25519 operator key")
     keys = registered_keys(store)
     target = find_key(keys, ref)
     revoked = revocations(store)
     earlier = revoked.get(target.verifier.label)
     if earlier is not None:
         return store.get(earlier.receipt), earlier
+    check_revoker(signer, target.verifier.label, keys, revoked)
+    registration = store.get(target.receipt).receipt  # registered_keys recomputed its id from its body
+    return store.append(revocation_receipt(registration), signer=signer), None
+
+
+def check_revoker(signer: Signer | None, label: str, keys: dict[str, RegisteredKey],
+                  revoked: dict[str, Revocation]) -> None:
+    """Refuse (RevocationRefused) to append a revocation of key ``label`` that verification would reject: unsigned,
+    or signed by a key the ledger does not register or has revoked; a witness key is InputError. Once logged, such
+    a revocation would fail every later verification of the ledger, and the log cannot drop it."""
+    if signer is None:
+        raise RevocationRefused(label, "a revocation must be signed by a registered key: set LEDGER_SIGNING_KEY to "
+                                "one (or use `ledger keys revoke`)", expected=sorted(keys), actual=None)
+    if signer.alg != ALG_ED25519:
+        raise InputError(f"key {signer.name} is a witness (cosignature/v1) key: revocations are signed with an "
+                         f"Ed25519 operator key")
     me = signer.verifier
     mine = keys.get(me.label)
     if mine is None or mine.verifier != me:
-        raise RevocationRefused(target.verifier.label, f"the signing key {me.label} is not registered in this ledger "
+        raise RevocationRefused(label, f"the signing key {me.label} is not registered in this ledger "
                                 f"(register it first, or sign with a registered key)", expected=sorted(keys),
                                 actual=me.label)
     if me.label in revoked:
         was = revoked[me.label]
-        raise RevocationRefused(target.verifier.label, f"the signing key {me.label} was revoked at leaf "
-                                f"{was.leaf_index} by {was.receipt}", expected="a key not revoked",
-                                actual=was.receipt)
-    registration = store.get(target.receipt).receipt  # registered_keys recomputed its id from its body
-    return store.append(revocation_receipt(registration), signer=signer), None
+        raise RevocationRefused(label, f"the signing key {me.label} was revoked at leaf {was.leaf_index} by "
+                                f"{was.receipt}", expected="a key not revoked", actual=was.receipt)

@@ -48,6 +48,7 @@ def append(
         raise InputError(f"{name}: no receipt found")
     receipts = [parse_receipt(line, source=f"{name} line {i + 1}") for i, line in enumerate(lines)]
     with open_store(db) as store:
+        _check_revocations(store, receipts)
         stored = store.append_many(receipts)
     added = sum(s.new for s in stored)  # what this call stored: other writers may be appending meanwhile
     if json_out:
@@ -56,6 +57,25 @@ def append(
         for s in stored:
             out.print(f"{s.receipt.id}  {s.receipt.kind}")
         out.print(f"{added} appended, {len(stored) - added} already present")
+
+
+def _check_revocations(store: Any, receipts: list[Any]) -> None:
+    """Key revocations among ``receipts`` are appended only as `ledger keys revoke` would: signed (the store's
+    LEDGER_SIGNING_KEY) by a registered key not revoked (ledger.revocation.check_revoker)."""
+    from ledger.rules import KEY_REVOCATION_FORMAT
+
+    wanted = [r for r in receipts if r.kind == "key" and r.measurements.get("format") == KEY_REVOCATION_FORMAT]
+    if not wanted:
+        return
+    from ledger.revocation import check_revoker, revocations
+    from ledger.signing import load_public_key
+    from ledger.transparency import registered_keys
+
+    keys, revoked = registered_keys(store), revocations(store)
+    for r in wanted:
+        key = r.measurements.get("key")
+        label = load_public_key(key).label if isinstance(key, str) else str(key)
+        check_revoker(store.signer, label, keys, revoked)
 
 
 def _receipt_json(stored: Any) -> dict[str, Any]:

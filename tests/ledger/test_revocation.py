@@ -172,6 +172,31 @@ def test_a_revocation_must_be_signed(ledger: Ledger) -> None:
     assert_one_line(["verify", "--db", str(ledger.db), other.id], 1, f"key revocation {unsigned.id}", "not signed")
 
 
+def test_ledger_append_refuses_a_revocation_verification_would_reject(ledger: Ledger, tmp_path: Path) -> None:
+    """Anyone who may append could otherwise log an unsigned revocation (or one by a stranger's key), and every
+    later verification of the ledger would fail on it: `ledger append` checks as `ledger keys revoke` does."""
+    from ledger.signing import save_private_key
+
+    revocation = revocation_receipt(ledger.registration(ledger.alice))
+    path = tmp_path / "revocation.jsonl"
+    path.write_bytes(revocation.body + b"\n")
+    with ledger.store() as store:
+        before = store.count()
+    assert_one_line(["append", str(path), "--db", str(ledger.db)], 1, "must be signed")
+    stranger_key = tmp_path / "stranger.key"
+    save_private_key(generate_key("stranger"), stranger_key)
+    code, _, stderr = cli("append", str(path), "--db", str(ledger.db), env={"LEDGER_SIGNING_KEY": str(stranger_key)})
+    assert code == 1 and "not registered" in stderr, stderr
+    with ledger.store() as store:
+        assert store.count() == before and revocations(store) == {}
+    code, _, stderr = cli("append", str(path), "--db", str(ledger.db),
+                          env={"LEDGER_SIGNING_KEY": str(ledger.keys / "operator.key")})
+    assert code == 0, stderr
+    with ledger.store() as store:
+        assert revocations(store)[ledger.alice.verifier.label].receipt == revocation.id
+        vt.check_signatures(store)  # the ledger still verifies
+
+
 def test_a_signature_added_to_an_unsigned_revocation_afterwards_is_caught(ledger: Ledger) -> None:
     """The leaf of a revocation committed to it being unsigned: a signature row added later does not count."""
     with ledger.store() as store:
