@@ -71,7 +71,7 @@ def save_private_key(signer: Signer, path: str | os.PathLike[str]) -> Path:
 
 def load_private_key(path: str | os.PathLike[str]) -> Signer:
     """Read a key file written by :func:`save_private_key`; refuse it if group or others have any access."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO cannot block the open
     try:
         st = os.fstat(fd)  # the mode of what was opened, not of a path that could be swapped meanwhile
         if not stat.S_ISREG(st.st_mode):

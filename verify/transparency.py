@@ -30,16 +30,16 @@ import binascii
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from ledger import digests, merkle, note, tlog
 from ledger.artifacts import ArtifactStore, atomic_write
-from ledger.errors import DigestMismatch, StoredBodyInvalid, VerificationError
+from ledger.errors import DigestMismatch, InputError, LedgerError, StoredBodyInvalid, VerificationError
 from ledger.reads import Reads, marks, scalar, stored_bytes
 from ledger.receipts import Receipt
 from ledger.revocation import Revocation, all_revocations
@@ -66,6 +66,8 @@ from ledger.transparency_errors import (
     UnknownKey,
 )
 from verify.receipts import check_rows
+
+T = TypeVar("T")
 
 # ------------------------------------------------------------------------------------------------------ errors
 
@@ -613,7 +615,7 @@ def witness_add_head(state: str | os.PathLike[str] | None, head: bytes, witness:
     origin = unverified.origin
     where = witness_dir(state) / quote(origin, safe="")
     pinned_path, last_path = where / "log.vkey", where / "checkpoint"
-    pinned = note.Verifier.from_key(pinned_path.read_text()) if pinned_path.exists() else None
+    pinned = _from_state(pinned_path, lambda data: note.Verifier.from_key(data.decode("utf-8", "replace")))
     if pinned is not None and log_key is not None and log_key != pinned:
         raise WitnessRefused(origin, "the log key given is not the one this witness pinned for the origin",
                              expected=pinned.key(), actual=log_key.key())
@@ -625,7 +627,7 @@ def witness_add_head(state: str | os.PathLike[str] | None, head: bytes, witness:
     if key is None:
         raise WitnessRefused(origin, "no key for this log: give the log's public key (--log-key) the first time")
     cp = note.verify_checkpoint(head, key, origin=origin).checkpoint
-    previous = note.parse_checkpoint(note.parse_note(last_path.read_bytes()).text) if last_path.exists() else None
+    previous = _from_state(last_path, lambda data: note.parse_checkpoint(note.parse_note(data).text))
     proof: list[bytes] = []
     if previous is not None:
         if cp.size < previous.size:
@@ -728,9 +730,20 @@ def _b64(value: object, what: str) -> bytes:
     return raw
 
 
+def _from_state(path: Path, parse: Callable[[bytes], T]) -> T | None:
+    """What a witness state file holds (None if there is none): read only if it is a regular file, and a file
+    that does not parse is named as the witness's own state, not blamed on the head being added."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        return parse(digests.read_regular(path))
+    except LedgerError as exc:
+        raise InputError(f"witness state {path} is damaged: {exc.one_line()}") from exc
+
+
 def _sha256_file(path: Path) -> str:
     sha = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(digests.open_regular(path), "rb") as f:  # a FIFO where a file was is refused, not waited on
         while chunk := f.read(1 << 20):
             sha.update(chunk)
     return sha.hexdigest()

@@ -19,9 +19,9 @@ from ledger.errors import ChainBroken, InputError
 from ledger.kinds import spec
 from ledger.receipts import make_receipt
 from ledger.rules import KEY_FORMAT
-from ledger.signing import generate_key
+from ledger.signing import generate_key, load_private_key
 from ledger.store import Store
-from ledger.transparency_errors import KeyFileExposed
+from ledger.transparency_errors import KeyFileExposed, MalformedKey
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -121,3 +121,15 @@ def test_operator_setup_creates_and_registers_the_key_once(tmp_path: Path) -> No
         assert list(tp.registered_keys(store)) == [signer.verifier.label]
         tp.export_head(store, signer, tmp_path / "log-head.txt")
     note.verify_checkpoint((tmp_path / "log-head.txt").read_bytes(), signer.verifier)
+
+
+def test_a_fifo_where_a_key_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO of mode 0600 under a key's name (or as LEDGER_SIGNING_KEY): opened non-blocking and refused as not a
+    regular file, where a plain open waited forever for a writer."""
+    import os
+
+    os.mkfifo(tmp_path / "alice.key", 0o600)
+    code, _, stderr = cli("keys", "export", "alice", "--dir", str(tmp_path))
+    assert code == 2 and "not a regular file" in stderr, stderr
+    with pytest.raises(MalformedKey, match="not a regular file"):
+        load_private_key(tmp_path / "alice.key")

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from ledger import note
 from ledger import transparency as tp
 from ledger.cli import app
+from ledger.errors import InputError
 from ledger.receipts import make_receipt
 from ledger.signing import generate_key
 from ledger.store import Store
@@ -169,3 +170,20 @@ def test_the_cli(tmp_path: Path, log: tuple[Path, note.Signer]) -> None:
     assert cli("keys", "new", "op", "--dir", str(keys))[0] == 0
     code, _, stderr = cli("witness", "add-head", str(h2), "--state", str(state), "--key", "op", "--dir", str(keys))
     assert code == 1 and "not a witness" in stderr
+
+
+def test_the_witness_state_is_read_only_from_regular_files_and_named_when_damaged(
+        tmp_path: Path, log: tuple[Path, note.Signer]) -> None:
+    import os
+
+    db, signer = log
+    w = witness()
+    vt.witness_add_head(tmp_path / "w", head(db, signer), w, log_key=signer.verifier, timestamp=T0)
+    where = next((tmp_path / "w").iterdir())
+    (where / "checkpoint").write_bytes(b"garbage\n")
+    with pytest.raises(InputError, match=f"witness state {where / 'checkpoint'} is damaged"):
+        vt.witness_add_head(tmp_path / "w", head(db, signer), w, timestamp=T0 + 1)
+    (where / "checkpoint").unlink()
+    os.mkfifo(where / "checkpoint")  # refused unopened: a plain read waited forever for a writer
+    with pytest.raises(InputError, match="is a FIFO"):
+        vt.witness_add_head(tmp_path / "w", head(db, signer), w, timestamp=T0 + 1)
