@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ledger import digests
-from ledger.errors import DigestMismatch, InputError, MissingArtifact
+from ledger.errors import DigestMismatch, InputError, MissingArtifact, UnsafeFile
 
 ENV_ARTIFACTS = "LEDGER_ARTIFACTS"
 FILE_MODE = 0o644  # before the umask, as open(2) would create a file
@@ -72,7 +73,16 @@ def fsync_path(path: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one, never a mix."""
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one, never a mix. Only a
+    regular file is replaced: a device, a FIFO or a symbolic link at ``path`` (``--out /dev/full`` as root) is
+    refused (UnsafeFile) rather than renamed over."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise UnsafeFile(str(path), f"is {digests.file_kind(mode)}; refusing to replace it with a file (give the "
+                                    f"path of a regular file, or a new one)")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temp(path.parent, path.name)
     try:

@@ -209,13 +209,14 @@ def audit(
 ) -> None:
     """Verify every receipt an experiment's report draws on, recompute the report (training, recovery, learning,
     contracts, settlement) from the ledger and artifacts, and record it. Exit 1 if anything fails to verify."""
+    from ledger.artifacts import atomic_write
     from verify.audit import audit as run_audit
 
     store = open_store(db)
     result = run_audit(store, artifact_store(store.url, artifacts), prepared, record=record)
     report = result.report
     if output is not None:
-        output.write_text(json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+        atomic_write(output, (json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
     if json_out:
         recorded = result.recorded and result.receipt is not None and result.settlement is not None
         emit_json({"report": report, "audit": result.receipt.id if recorded else None,  # type: ignore[union-attr]
@@ -265,6 +266,7 @@ def report_cmd(
     """Audit the experiment (every receipt verified, the report recomputed) and render the report as one
     self-contained HTML page; with --record its digest goes into a `report` receipt that `ledger verify` renders
     again."""
+    from ledger.artifacts import atomic_write
     from verify.audit import audit as run_audit
     from verify.report_page import render_page, report_receipt
 
@@ -273,8 +275,7 @@ def report_cmd(
     result = run_audit(store, arts, prepared, record=record)
     assert result.receipt is not None
     page = render_page(store, arts, result.receipt, result.report)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_bytes(page)
+    atomic_write(out_path, page)
     assert result.settlement is not None
     receipt = report_receipt(result.receipt, result.settlement, page)
     if record:  # nothing is written anywhere but --out without it (a read-only copy can be reported on)

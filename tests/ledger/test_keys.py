@@ -133,3 +133,23 @@ def test_a_fifo_where_a_key_file_is_refused_not_waited_on(tmp_path: Path) -> Non
     assert code == 2 and "not a regular file" in stderr, stderr
     with pytest.raises(MalformedKey, match="not a regular file"):
         load_private_key(tmp_path / "alice.key")
+
+
+def test_log_head_out_refuses_to_replace_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    """--out is written through a temporary file renamed over it: a FIFO, a device or a symbolic link there would
+    be replaced by a regular file (as root, `--out /dev/full` replaced the device). Refused, left as it was."""
+    import os
+
+    keys, db = tmp_path / "keys", tmp_path / "ledger.db"
+    assert cli("init", "--db", str(db))[0] == 0
+    assert cli("keys", "new", "operator", "--dir", str(keys))[0] == 0
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "real.txt").write_text("keep\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real.txt")
+    for target, kind in (("fifo", "a FIFO"), ("link", "a symbolic link")):
+        code, stdout, stderr = cli("log-head", "--db", str(db), "--dir", str(keys), "--out", str(tmp_path / target))
+        assert code == 2 and f"is {kind}; refusing to replace it" in stderr and stdout == "", stderr
+    assert (tmp_path / "fifo").is_fifo() and (tmp_path / "link").is_symlink()
+    assert (tmp_path / "real.txt").read_text() == "keep\n"
+    code, _, stderr = cli("log-head", "--db", str(db), "--dir", str(keys), "--out", str(tmp_path / "real.txt"))
+    assert code == 0 and (tmp_path / "real.txt").read_text().startswith("training-ledger/"), stderr
