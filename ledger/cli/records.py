@@ -4,9 +4,10 @@ only to print a table."""
 from __future__ import annotations
 
 import json
+import os
 import sys
-from pathlib import Path
-from typing import Annotated, Any
+from collections.abc import Iterator
+from typing import Annotated, Any, BinaryIO
 
 import typer
 
@@ -41,12 +42,25 @@ def append(
     """Append receipts. A receipt already present is a no-op; one citing an absent parent is refused."""
     from ledger.receipts import parse_receipt
 
-    data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+    def parsed(numbered: Iterator[tuple[int, bytes]]) -> list[Any]:
+        out = []
+        for number, line in numbered:
+            try:
+                out.append(parse_receipt(line, source=f"{name} line {number}"))
+            except InputError as exc:  # which line: a file holds many receipts
+                raise InputError(f"{name} line {number}: {exc.one_line()}") from exc
+        return out
+
     name = "stdin" if source == "-" else source
-    lines = [line for line in data.split(b"\n") if line.strip()]
-    if not lines:
+    if source == "-":
+        receipts = parsed(_lines(sys.stdin.buffer, name))
+    else:
+        from ledger.digests import open_regular
+
+        with os.fdopen(open_regular(source), "rb") as f:  # a device or a FIFO is refused: use - for a pipe
+            receipts = parsed(_lines(f, name))
+    if not receipts:
         raise InputError(f"{name}: no receipt found")
-    receipts = [parse_receipt(line, source=f"{name} line {i + 1}") for i, line in enumerate(lines)]
     with open_store(db) as store:
         _check_revocations(store, receipts)
         stored = store.append_many(receipts)
@@ -57,6 +71,19 @@ def append(
         for s in stored:
             out.print(f"{s.receipt.id}  {s.receipt.kind}")
         out.print(f"{added} appended, {len(stored) - added} already present")
+
+
+MAX_LINE = 256 << 20  # bytes of one receipt line: a line that never ends (/dev/zero on stdin) is refused here
+
+
+def _lines(stream: BinaryIO, name: str) -> Iterator[tuple[int, bytes]]:
+    """The non-blank lines of ``stream`` with their numbers, read one at a time (so the first bad one is met
+    before the rest is read, and `yes | ledger append -` ends at line 1), each at most MAX_LINE bytes."""
+    for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE + 1), b""), 1):
+        if len(line) > MAX_LINE:
+            raise InputError(f"{name} line {number}: longer than {MAX_LINE:,} bytes, the most a receipt line may be")
+        if line.strip():
+            yield number, line
 
 
 def _check_revocations(store: Any, receipts: list[Any]) -> None:

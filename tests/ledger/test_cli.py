@@ -328,3 +328,23 @@ def test_debug_env_ambiguous(ledger_url: str) -> None:
         store.append_many([a, b])
     result: Any = run("verify", a.id[7:11], "--db", ledger_url, env={"LEDGER_DEBUG": "1"})
     assert isinstance(result.exception, AmbiguousReceipt)
+
+
+def test_append_reads_line_by_line_and_names_the_line(ledger_db: Path, tmp_path: Path, make_chain: MakeChain,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first bad line ends the read (`yes | ledger append -` no longer reads forever), its number is named, a
+    line longer than MAX_LINE is refused as it is read, and a device is refused as any other non-regular file."""
+    import ledger.cli.records as records
+
+    good = make_chain().prepare.body
+    (tmp_path / "two.jsonl").write_bytes(good + b"\n" + b"{not json}\n")
+    result = run("append", tmp_path / "two.jsonl", "--db", ledger_db)
+    assert result.exit_code == 2 and "two.jsonl line 2: " in result.stderr, result.output
+    assert run("log", "--db", ledger_db, "--json").stdout.strip() == "[]"  # all or nothing
+    result = run("append", "-", "--db", ledger_db, input=b"y\n" * 100_000)
+    assert result.exit_code == 2 and "stdin line 1: " in result.stderr, result.output
+    monkeypatch.setattr(records, "MAX_LINE", 1000)
+    result = run("append", "-", "--db", ledger_db, input=b"0" * 5000)
+    assert result.exit_code == 2 and "stdin line 1: longer than 1,000 bytes" in result.stderr, result.output
+    result = run("append", "/dev/zero", "--db", ledger_db)
+    assert result.exit_code == 2 and "is a character device" in result.stderr, result.output
