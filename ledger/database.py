@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlparse
 
-from ledger.errors import DatabaseError
+from ledger.errors import DatabaseError, InputError
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -42,12 +42,21 @@ BUSY_TIMEOUT_S = 120.0
 PG_WRITE_LOCK = 0x6C6564676572  # b"ledger"
 
 
+def expand_home(value: str) -> Path:
+    """``value`` as a path, a leading ``~`` or ``~user`` expanded; InputError (not pathlib's RuntimeError) for a user
+    this machine does not know."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError as exc:  # "Could not determine home directory"
+        raise InputError(f"{value}: cannot expand {value.split(os.sep)[0]!r}: no such user here") from exc
+
+
 def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
     """``--db`` value, else ``$LEDGER_DB``, else ``./ledger.db``; a plain path means an SQLite file."""
     value = os.fspath(db) if db is not None else os.environ.get(ENV_DB) or DEFAULT_DB
     if "://" in value:
         return value
-    return f"sqlite:///{Path(value).expanduser().resolve()}"
+    return f"sqlite:///{expand_home(value).resolve()}"
 
 
 _PLAIN_SQLITE = re.compile(r"sqlite:///([^?#%]+)")  # what resolve_url makes of a path: no query, nothing quoted
@@ -57,7 +66,7 @@ def plain_sqlite_path(url: str) -> Path | None:
     """The file of a plain ``sqlite:///path`` URL (no query, nothing percent-encoded), read without SQLAlchemy;
     None for any other URL (:func:`sqlite_path` reads those)."""
     m = _PLAIN_SQLITE.fullmatch(url)
-    return None if m is None or m.group(1) == ":memory:" else Path(m.group(1)).expanduser()
+    return None if m is None or m.group(1) == ":memory:" else expand_home(m.group(1))
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -82,7 +91,7 @@ def sqlite_path(url: str) -> Path | None:
         db = unquote(urlparse(db).path)
         if not db or db == ":memory:":
             return None
-    return Path(db).expanduser()
+    return expand_home(db)
 
 
 def is_readonly_url(url: str) -> bool:

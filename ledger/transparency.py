@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ledger import digests, merkle, note, tlog
 from ledger.artifacts import ArtifactStore, atomic_write
+from ledger.database import expand_home
 from ledger.errors import (
     DigestMismatch,
     InputError,
@@ -102,7 +103,7 @@ class KeyFile:
 def keys_dir(given: str | os.PathLike[str] | None = None) -> Path:
     """``given``, else ``$LEDGER_KEYS``, else ``~/.config/training-ledger/keys``."""
     value = os.fspath(given) if given is not None else os.environ.get(ENV_KEYS) or str(DEFAULT_KEYS_DIR)
-    return Path(value).expanduser()
+    return expand_home(value)
 
 
 def key_path(name: str, directory: str | os.PathLike[str] | None = None) -> Path:

@@ -39,6 +39,7 @@ from urllib.parse import quote
 
 from ledger import digests, merkle, note, tlog
 from ledger.artifacts import ArtifactStore, atomic_write
+from ledger.database import expand_home
 from ledger.errors import DigestMismatch, InputError, LedgerError, StoredBodyInvalid, VerificationError
 from ledger.reads import Reads, marks, scalar, stored_bytes
 from ledger.receipts import Receipt
@@ -578,7 +579,7 @@ DEFAULT_WITNESS_DIR = Path("~/.config/training-ledger/witness")
 def witness_dir(given: str | os.PathLike[str] | None = None) -> Path:
     """``given``, else ``$LEDGER_WITNESS``, else ``~/.config/training-ledger/witness``."""
     value = os.fspath(given) if given is not None else os.environ.get(ENV_WITNESS) or str(DEFAULT_WITNESS_DIR)
-    return Path(value).expanduser()
+    return expand_home(value)
 
 
 @dataclass(frozen=True)

@@ -348,3 +348,12 @@ def test_append_reads_line_by_line_and_names_the_line(ledger_db: Path, tmp_path:
     assert result.exit_code == 2 and "stdin line 1: longer than 1,000 bytes" in result.stderr, result.output
     result = run("append", "/dev/zero", "--db", ledger_db)
     assert result.exit_code == 2 and "is a character device" in result.stderr, result.output
+
+
+def test_a_home_of_an_unknown_user_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pathlib raises RuntimeError for ~user of a user this machine does not know: that was a traceback."""
+    for args in (["log", "--db", "~no-such-user-here/x.db"], ["keys", "list", "--dir", "~no-such-user-here/k"]):
+        line = fails(2, *args)
+        assert "cannot expand '~no-such-user-here': no such user here" in line, line
+    monkeypatch.setenv("LEDGER_DB", "~no-such-user-here/x.db")
+    assert "no such user here" in fails(2, "log")
