@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 ENV_DEBUG = "LEDGER_DEBUG"
+INT64_MAX = 2**63 - 1  # the largest integer SQLite and PostgreSQL store: bound of every integer option
 
 
 class LazyConsole:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, BinaryIO
 
 import typer
 
-from ledger.cli.common import DbOpt, JsonOpt, add_row, emit_json, open_store, out
+from ledger.cli.common import INT64_MAX, DbOpt, JsonOpt, add_row, emit_json, open_store, out
 from ledger.errors import InputError
 
 
@@ -156,8 +156,8 @@ def log(
     run: Annotated[str | None, typer.Option(help="Only this run.")] = None,
     prepared: Annotated[str | None, typer.Option(help="Only this prepared digest.")] = None,
     selection: Annotated[str | None, typer.Option(help="Only this selection digest.")] = None,
-    rank: Annotated[int | None, typer.Option(help="Only this rank.")] = None,
-    limit: Annotated[int | None, typer.Option(help="At most this many.")] = None,
+    rank: Annotated[int | None, typer.Option(help="Only this rank.", min=0, max=INT64_MAX)] = None,
+    limit: Annotated[int | None, typer.Option(help="At most this many.", min=0, max=INT64_MAX)] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """List receipts in append order, filtered by field."""

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ledger.cli.common import (
+    INT64_MAX,
     ConfigOpt,
     DbOpt,
     JsonOpt,
@@ -104,7 +105,8 @@ def train_cmd(
     workdir: WorkdirOpt = Path("experiment"),
     db: RunDbOpt = None,
     prepared: PreparedOpt = None,
-    steps: Annotated[int | None, typer.Option(help="Stop after this step (default: the config's).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Stop after this step (default: the config's).", min=0,
+                                              max=INT64_MAX)] = None,
     on_hosts: HostsOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -179,12 +181,13 @@ def recover_cmd(
     db: RunDbOpt = None,
     arm: Annotated[str | None, typer.Option("--arm", help="The arm to recover (default: the contract's primary "
                                             "arm).")] = None,
-    kill_rank: Annotated[int, typer.Option("--kill-rank", help="The rank to SIGKILL.")] = 1,
+    kill_rank: Annotated[int, typer.Option("--kill-rank", help="The rank to SIGKILL.", min=0, max=INT64_MAX)] = 1,
     kill_after_step: Annotated[
         int | None, typer.Option("--kill-after-step", help="Kill right after this step (default: a little past "
                                  "the first checkpoint).")] = None,
     prepared: PreparedOpt = None,
-    steps: Annotated[int | None, typer.Option(help="Stop after this step (default: the config's).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Stop after this step (default: the config's).", min=0,
+                                              max=INT64_MAX)] = None,
     resume_fault: Annotated[
         str | None, typer.Option("--resume-fault", hidden=True,
                                  help="Restart wrongly on purpose (tests and demonstrations of the proof).")

@@ -357,3 +357,10 @@ def test_a_home_of_an_unknown_user_is_one_line(monkeypatch: pytest.MonkeyPatch) 
         assert "cannot expand '~no-such-user-here': no such user here" in line, line
     monkeypatch.setenv("LEDGER_DB", "~no-such-user-here/x.db")
     assert "no such user here" in fails(2, "log")
+
+
+@pytest.mark.parametrize("args", [["--limit", "99999999999999999999999"], ["--rank", str(2**63)], ["--limit", "-1"]])
+def test_integer_filters_out_of_range_are_usage_errors(ledger_db: Path, args: list[str]) -> None:
+    """SQLite binds at most 2**63 - 1 (an OverflowError traceback), and a negative limit returned everything."""
+    result = run("log", *args, "--db", ledger_db)
+    assert result.exit_code == 2 and "is not in the range" in result.stderr and "Traceback" not in result.output
