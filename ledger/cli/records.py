@@ -73,6 +73,7 @@ def append(
         out.print(f"{added} appended, {len(stored) - added} already present")
 
 
+SHOWN_MAX = 4000  # characters of one measurement in show's table; --json and --raw print everything
 MAX_LINE = 256 << 20  # bytes of one receipt line: a line that never ends (/dev/zero on stdin) is refused here
 
 
@@ -142,6 +143,8 @@ def show(
         add_row(table, f"artifact {name}", digest)
     for name, value in sorted(r.measurements.items()):
         shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+        if len(shown) > SHOWN_MAX:  # folding a long cell costs rich time quadratic in its length (16 MB: 87 s)
+            shown = f"{shown[:SHOWN_MAX]}... ({len(shown):,} characters in all: --json or --raw prints them)"
         add_row(table, name, shown)
     out.print(table)
     if r.kind in ("eval", "comparison", "quality"):  # breakdowns, comparisons and conditions as tables

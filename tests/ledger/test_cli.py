@@ -364,3 +364,18 @@ def test_integer_filters_out_of_range_are_usage_errors(ledger_db: Path, args: li
     """SQLite binds at most 2**63 - 1 (an OverflowError traceback), and a negative limit returned everything."""
     result = run("log", *args, "--db", ledger_db)
     assert result.exit_code == 2 and "is not in the range" in result.stderr and "Traceback" not in result.output
+
+
+def test_show_clips_a_long_measurement_and_json_keeps_it(ledger_db: Path, tmp_path: Path) -> None:
+    """rich folds a long cell in time quadratic in its length (a 16 MB note took 87 s to show): the table shows the
+    first SHOWN_MAX characters and says how many there are; --json and --raw hold them all."""
+    from ledger.cli.records import SHOWN_MAX
+
+    r = make_receipt("note", measurements={"message": "x" * (SHOWN_MAX * 10)})
+    assert run("append", write_receipts(tmp_path / "r.jsonl", [r]), "--db", ledger_db).exit_code == 0
+    result = run("show", r.id, "--db", ledger_db)
+    flat = "".join(c for c in result.stdout if not c.isspace() and c != "│")  # the cell is folded over lines
+    assert result.exit_code == 0 and f"{SHOWN_MAX * 10:,}charactersinall" in flat, result.stdout
+    assert result.stdout.count("x") < SHOWN_MAX * 2
+    shown = json.loads(run("show", r.id, "--db", ledger_db, "--json").stdout)
+    assert shown["receipt"]["measurements"]["message"] == "x" * (SHOWN_MAX * 10)
