@@ -31,10 +31,12 @@ import errno
 import json
 import json.encoder
 import json.scanner
+import math
 import mmap
 import os
 import re
 import stat
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -240,8 +242,11 @@ def reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _parse_float(token: str) -> float:
     value = float(token)
+    shown = token if len(token) <= 40 else f"{token[:20]}...{token[-8:]} ({len(token):,} characters)"
+    if not math.isfinite(value):
+        raise NonCanonical(f"float {shown} is out of range (beyond a 64-bit float)")
     if repr(value) != token:
-        raise NonCanonical(f"float {token} is not in shortest round-trip form ({value!r})")
+        raise NonCanonical(f"float {shown} is not in shortest round-trip form ({value!r})")
     return value
 
 
@@ -377,14 +382,14 @@ def parse_canonical_reference(data: bytes) -> Any:
         )
         again = canonical_bytes_reference(value)
     except json.JSONDecodeError as exc:
-        raise NonCanonical(f"not JSON: {exc.msg} at char {exc.pos}") from exc
+        raise NonCanonical(f"not JSON: {exc.msg.removesuffix(' at')} at char {exc.pos}") from exc
     except (_TooDeep, RecursionError) as exc:
         raise NonCanonical(f"nested {json_depth(data)} levels deep, deeper than the limit of {MAX_DEPTH} "
                            f"(receipts.md §1)") from exc
     except NonCanonical:
         raise
-    except ValueError as exc:  # an integer of over 4,300 digits
-        raise NonCanonical(f"out of range: {str(exc)[:80]}") from exc
+    except ValueError as exc:  # an integer of over 4,300 digits (Python's limit on converting one)
+        raise NonCanonical(f"out of range: an integer of more than {sys.get_int_max_str_digits():,} digits") from exc
     if again != data:
         at = next((i for i, (a, b) in enumerate(zip(again, data, strict=False)) if a != b), min(len(again), len(data)))
         raise NonCanonical(f"not canonical: differs from its canonical form at byte {at}")

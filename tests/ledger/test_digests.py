@@ -566,3 +566,18 @@ def test_lines_parsed_at_once_are_the_lines_parsed_one_by_one(values: list[Any],
                                    [b"1", b"1e5"]])
 def test_lines_that_are_not_each_one_canonical_value_are_left_to_the_line_parser(lines: list[bytes]) -> None:
     assert digests.parse_canonical_lines(lines) is None
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    (b'{"a":1e400}', "float 1e400 is out of range"),
+    (b'{"a":' + b"9" * 5001 + b"}", "an integer of more than 4,300 digits"),
+    (b'{"a":1.' + b"1" * 100_000 + b"}", "(100,002 characters) is not in shortest round-trip form"),
+    (b'{"a":"x\x01"}', "Invalid control character at char 7"),
+])
+def test_parse_errors_say_what_is_wrong_in_a_short_line(data: bytes, says: str) -> None:
+    """Overflowing floats are out of range (not 'not in shortest form (inf)'), a long number is shortened, Python's
+    integer-conversion limit is stated whole, json's 'at' is not doubled."""
+    for parse in (digests.parse_canonical, digests.parse_canonical_reference):
+        with pytest.raises(NonCanonical) as info:
+            parse(data)
+        assert says in str(info.value) and len(str(info.value)) < 200, str(info.value)
