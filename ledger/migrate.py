@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 import migrations
 from ledger.database import display_url, make_engine, schema_revision
-from ledger.errors import DatabaseError, UnknownSchema
+from ledger.errors import DatabaseError, InputError, UnknownSchema
 from ledger.models import SCHEMA_HEAD, Base
 
 
@@ -81,6 +82,7 @@ def upgrade(url: str, revision: str = "head", *, script_location: str | Path | N
     """
     cfg = alembic_config(url, script_location)
     script = ScriptDirectory.from_config(cfg)
+    _check_target(script, revision)
     cur = current(url)
     if cur is not None and cur not in {s.revision for s in script.walk_revisions()}:
         raise UnknownSchema(display_url(url), cur, script.get_current_head() or SCHEMA_HEAD)
@@ -96,7 +98,23 @@ def upgrade(url: str, revision: str = "head", *, script_location: str | Path | N
 
 def downgrade(url: str, revision: str, *, script_location: str | Path | None = None) -> None:
     """Downgrade the schema to ``revision`` ("base" drops every table). Destroys data newer revisions hold."""
-    _run(command.downgrade, alembic_config(url, script_location), revision, url)
+    cfg = alembic_config(url, script_location)
+    _check_target(ScriptDirectory.from_config(cfg), revision)
+    _run(command.downgrade, cfg, revision, url)
+
+
+def _check_target(script: ScriptDirectory, revision: str) -> None:
+    """A target the scripts know (head, base, a relative step, a revision or a unique prefix of one): a typo is
+    the user's (InputError, exit 2), not the database's."""
+    if revision in ("head", "heads", "base") or re.fullmatch(r"[+-]\d+", revision):
+        return
+    try:
+        found = script.get_revision(revision)
+    except Exception:  # noqa: BLE001 - alembic's ResolutionError, CommandError...: all say "not a revision"
+        found = None
+    if found is None:
+        known = [r.revision for r in script.walk_revisions()]
+        raise InputError(f"unknown schema revision {revision!r} (known: head, base, {', '.join(reversed(known))})")
 
 
 def current(url: str) -> str | None:

@@ -50,10 +50,13 @@ def db_downgrade(
 def db_current(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """Print the database's schema revision and the one this ledger needs."""
     from ledger import migrate
-    from ledger.database import display_url, resolve_url
+    from ledger.database import check_sqlite_file, display_url, resolve_url, sqlite_path
     from ledger.models import SCHEMA_HEAD
 
     url = resolve_url(db)
+    path = sqlite_path(url)
+    if path is not None:  # read, as `log` reads: no ledger created at a path that has none, no device opened
+        check_sqlite_file(path)
     cur = migrate.current(url)
     if json_out:
         emit_json({"db": display_url(url), "current": cur, "head": SCHEMA_HEAD, "up_to_date": cur == SCHEMA_HEAD})

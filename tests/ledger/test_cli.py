@@ -379,3 +379,14 @@ def test_show_clips_a_long_measurement_and_json_keeps_it(ledger_db: Path, tmp_pa
     assert result.stdout.count("x") < SHOWN_MAX * 2
     shown = json.loads(run("show", r.id, "--db", ledger_db, "--json").stdout)
     assert shown["receipt"]["measurements"]["message"] == "x" * (SHOWN_MAX * 10)
+
+
+def test_db_commands_refuse_what_is_not_a_ledger_and_unknown_revisions(tmp_path: Path, ledger_db: Path) -> None:
+    """`db current` reads as `log` does (a missing path or a device is exit 4, and nothing is created); a target
+    revision no script knows is the user's typo (exit 2), not the database's."""
+    assert "character device" in fails(4, "db", "current", "--db", "/dev/null")
+    assert "no ledger at" in fails(4, "db", "current", "--db", tmp_path / "absent.db")
+    assert not (tmp_path / "absent.db").exists()
+    line = fails(2, "db", "upgrade", "0001_bogus", "--db", ledger_db)
+    assert "unknown schema revision '0001_bogus'" in line and "0001_initial" in line
+    assert "unknown schema revision" in fails(2, "db", "downgrade", "nope", "--db", ledger_db)

@@ -641,10 +641,13 @@ def test_an_unknown_revision_is_refused(db_url: str) -> None:
 def test_db_upgrade_creates_a_new_database_and_current_reports_it(db_url: str) -> None:
     url, shown = db_url, display_url(db_url)
     path = sqlite_path(url)
-    if path is not None:  # SQLite: no file at all yet, only its directory
+    if path is not None:  # SQLite: no file at all yet, only its directory; `db current` reads, as `log` does
         path.unlink()
-    code, stdout, _ = cli("db", "current", "--db", url, "--json")
-    assert code == 0 and json.loads(stdout)["up_to_date"] is False and json.loads(stdout)["current"] is None
+        code, _, stderr = cli("db", "current", "--db", url, "--json")
+        assert code == EXIT_DATABASE and "no ledger at" in stderr and not path.exists()
+    else:  # PostgreSQL: an empty database has no revision yet
+        code, stdout, _ = cli("db", "current", "--db", url, "--json")
+        assert code == 0 and json.loads(stdout)["up_to_date"] is False and json.loads(stdout)["current"] is None
     code, stdout, stderr = cli("db", "upgrade", "--db", url)
     assert code == 0, stderr
     assert f"empty -> {SCHEMA_HEAD}" in stdout
