@@ -89,7 +89,13 @@ def load_private_key(path: str | os.PathLike[str]) -> Signer:
     line = text.removesuffix("\n")
     if "\n" in line or "\r" in line:
         raise MalformedKey(f"{os.fspath(path)} is not a key file (one line)")
-    return Signer.from_key(line)
+    if not line:
+        raise MalformedKey(f"{os.fspath(path)} is empty, not a key file")
+    try:
+        return Signer.from_key(line)
+    except MalformedKey as exc:  # say which file: the key string itself is secret and never shown
+        what = "a public (verifier) key, not a private one" if not line.startswith("PRIVATE+KEY+") else exc.detail
+        raise MalformedKey(f"{os.fspath(path)}: {what}") from None
 
 
 def public_key(signer: Signer) -> str:

@@ -52,7 +52,7 @@ from ledger.errors import (
     StoredBodyInvalid,
     UnknownReceipt,
 )
-from ledger.note import Signer
+from ledger.note import ALG_ED25519, Signer
 from ledger.reads import (
     MATCHES,
     MIN_PREFIX,
@@ -73,6 +73,7 @@ from ledger.reads import (
 )
 from ledger.receipts import Receipt
 from ledger.signing import load_private_key
+from ledger.transparency_errors import MalformedKey
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -326,6 +327,9 @@ class Store:
         """
         if signer is None and os.environ.get(ENV_SIGNING_KEY):
             signer = load_private_key(os.environ[ENV_SIGNING_KEY])
+            if signer.alg != ALG_ED25519:
+                raise MalformedKey(f"{ENV_SIGNING_KEY}={os.environ[ENV_SIGNING_KEY]}: a witness (cosignature/v1) key; "
+                                   "receipts are signed with an Ed25519 operator key")
         url = resolve_url(db)
         plain = plain_sqlite_path(url)
         if plain is not None:

@@ -153,3 +153,25 @@ def test_log_head_out_refuses_to_replace_what_is_not_a_regular_file(tmp_path: Pa
     assert (tmp_path / "real.txt").read_text() == "keep\n"
     code, _, stderr = cli("log-head", "--db", str(db), "--dir", str(keys), "--out", str(tmp_path / "real.txt"))
     assert code == 0 and (tmp_path / "real.txt").read_text().startswith("training-ledger/"), stderr
+
+
+def test_key_file_errors_name_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty key file, a public key where the private one belongs, a witness key as LEDGER_SIGNING_KEY: each
+    error names the file (never the key string)."""
+    import os
+
+    empty = tmp_path / "empty.key"
+    empty.write_text("")
+    os.chmod(empty, 0o600)
+    with pytest.raises(MalformedKey, match=f"{empty} is empty"):
+        load_private_key(empty)
+    signer = generate_key("alice")
+    public = tmp_path / "public.key"
+    public.write_text(signer.verifier.key() + "\n")
+    os.chmod(public, 0o600)
+    with pytest.raises(MalformedKey, match=f"{public}: a public"):
+        load_private_key(public)
+    tp.create_key("w", tmp_path, witness=True)
+    monkeypatch.setenv("LEDGER_SIGNING_KEY", str(tmp_path / "w.key"))
+    code, _, stderr = cli("log", "--db", str(tmp_path / "absent.db"))
+    assert code == 2 and "LEDGER_SIGNING_KEY" in stderr and "w.key: a witness" in stderr, stderr
