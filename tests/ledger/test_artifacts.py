@@ -22,7 +22,7 @@ from ledger.artifacts import (
     read_artifact,
     read_jsonl,
 )
-from ledger.errors import DigestMismatch, InputError, MissingArtifact
+from ledger.errors import DigestMismatch, InputError, MissingArtifact, UnsafeFile
 
 
 @pytest.fixture
@@ -90,19 +90,29 @@ def test_atomic_write_creates_and_replaces(tmp_path: Path) -> None:
     assert os.listdir(target.parent) == ["file.json"]
 
 
-@pytest.mark.parametrize("failure", ["write", "replace"])
-def test_atomic_write_leaves_no_temp_file_on_failure(tmp_path: Path, failure: str) -> None:
+@pytest.mark.parametrize("failure", ["write", "replace", "directory"])
+def test_atomic_write_leaves_no_temp_file_on_failure(tmp_path: Path, failure: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "file.json"
     if failure == "write":  # the write itself fails: the old file stays as it was
-        target = tmp_path / "file.json"
         target.write_bytes(b"old")
         data: Any = "not bytes"
         with pytest.raises(TypeError):
             atomic_write(target, data)
         assert target.read_bytes() == b"old"
-    else:  # the rename fails: a non-empty directory is in the way
-        target = tmp_path / "file.json"
+    elif failure == "replace":  # the rename fails (another file system, say): the old file stays
+        target.write_bytes(b"old")
+
+        def refuse(src: Any, dst: Any) -> None:
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr(os, "replace", refuse)
+        with pytest.raises(OSError, match="cross-device"):
+            atomic_write(target, b"new")
+        assert target.read_bytes() == b"old"
+    else:  # a directory in the way: refused before anything is written, as a FIFO, a device or a link would be
         (target / "inside").mkdir(parents=True)
-        with pytest.raises(OSError):
+        with pytest.raises(UnsafeFile, match="is a directory; refusing to replace it"):
             atomic_write(target, b"new")
         assert target.is_dir()
     assert os.listdir(tmp_path) == ["file.json"]
