@@ -363,8 +363,9 @@ def parse_note(data: bytes | str) -> Note:
 def sign_note(note: Note | str, *signers: Signer, timestamp: int | None = None) -> bytes:
     """Sign a text (or add signatures to a note) and return the signed note's bytes.
 
-    Existing signatures stay first, except those by the same (name, key id) as a new signer, which are replaced;
-    new signature lines follow in the order given. ``timestamp`` is required when a signer makes cosignatures.
+    Existing signatures stay first, except those by the same (name, key id) as a new signer, which are replaced,
+    and repeats of one line, kept once (as Go's note.Sign, after Open dropped them); new signature lines follow in
+    the order given. ``timestamp`` is required when a signer makes cosignatures.
     """
     if isinstance(note, str):
         note = Note(note)
@@ -373,7 +374,7 @@ def sign_note(note: Note | str, *signers: Signer, timestamp: int | None = None) 
         raise ValueError("sign_note needs at least one signer")
     new = [NoteSignature(s.name, s.key_id, s.sign(text, timestamp=timestamp)) for s in signers]
     replaced = {(s.name, s.key_id) for s in new}
-    kept = [s for s in note.signatures if (s.name, s.key_id) not in replaced]
+    kept = [s for s in dict.fromkeys(note.signatures) if (s.name, s.key_id) not in replaced]
     return Note(note.text, (*kept, *new)).encode()
 
 

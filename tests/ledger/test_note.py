@@ -320,3 +320,16 @@ def test_cosignature_bytes_follow_tlog_cosignature() -> None:
         note.open_note(note.Note(SOFA, (short,)).encode(), [w.verifier])
     with pytest.raises(ValueError):
         note.sign_note(SOFA, w)  # a cosignature needs a timestamp
+
+
+def test_a_repeated_signature_line_is_kept_once_when_cosigning() -> None:
+    """Go's note.Open drops a repeated signature by one key and note.Sign writes what Open kept: a witness does not
+    copy a duplicated line into what it cosigns (the duplicate still verifies, as in Go)."""
+    log = note.Signer.generate("example.com/log")
+    w = note.Signer.generate("witness.example/w", note.ALG_COSIGNATURE_V1)
+    signed = note.sign_checkpoint(note.Checkpoint("example.com/log", 7, bytes(32)), log)
+    line = signed[signed.rindex(b"\n\n") + 2:]
+    doubled = signed + line
+    assert note.verify_checkpoint(doubled, log.verifier).checkpoint.size == 7
+    cosigned = note.cosign_checkpoint(doubled, log.verifier, w, timestamp=1)
+    assert cosigned.count(line) == 1 and cosigned.startswith(signed)
