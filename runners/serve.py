@@ -50,7 +50,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Final
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -360,11 +360,15 @@ async def _read_body(request: Request, limit: int) -> bytes:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # no one to answer: counted as the client's error, never as the server's (a 500)
+        raise ApiError(400, "the client disconnected before sending the whole body",
+                       code="client_disconnected") from None
     return b"".join(chunks)
 
 
@@ -534,6 +538,7 @@ def create_app(model: CausalLM, tokenizer: CharTokenizer, *, model_name: str, mo
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
+    app.router.redirect_slashes = False  # "/v1/completions/" is an unknown path (404 JSON), not a bodiless 307
     app.state.replica = replica
     return app
 
@@ -716,12 +721,15 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def serve_replica(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 0, ready_file: Path | None = None,
-                  parent_pid: int | None = None, log_level: str = "warning") -> None:
+                  parent_pid: int | None = None, log_level: str = "warning",
+                  listening: Callable[[str], None] | None = None) -> None:
     """Pin the intra-op threads, verify and load the model (raising before any port is bound if a digest
     differs), warm it up, bind ``host:port`` and serve until SIGTERM/SIGINT.
 
     ``ready_file``: once the socket listens, ``{"endpoint", "pid", "model_digest"}`` is written there atomically
-    (how :func:`runners.loadgen.start_replicas` learns a kernel-chosen port).
+    (how :func:`runners.loadgen.start_replicas` learns a kernel-chosen port). ``listening`` is then called with the
+    endpoint (``ledger serve`` prints it: the port the kernel chose, only once the model verified and the port is
+    bound).
     """
     import torch
 
@@ -732,13 +740,18 @@ def serve_replica(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 0, 
     # One short decode before serving, so the first measured request does not pay for lazy initialisation.
     decode(loaded.model, [loaded.tokenizer.bos_id], eos_id=loaded.tokenizer.eos_id, max_new_tokens=2)
     app = app_for(loaded, spec)
-    sock = bind(host, port)
-    if ready_file is not None:
-        tmp = Path(f"{ready_file}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"endpoint": endpoint_of(sock), "pid": os.getpid(),
-                                   "model_digest": loaded.model_digest}))
-        os.replace(tmp, ready_file)
     try:
+        sock = bind(host, port)
+    except OSError as exc:
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    try:
+        if listening is not None:
+            listening(endpoint_of(sock))
+        if ready_file is not None:
+            tmp = Path(f"{ready_file}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps({"endpoint": endpoint_of(sock), "pid": os.getpid(),
+                                       "model_digest": loaded.model_digest}))
+            os.replace(tmp, ready_file)
         uvicorn_server(app, log_level=log_level).run(sockets=[sock])
     finally:
         sock.close()

@@ -436,6 +436,7 @@ def serve_cmd(
         import dataclasses
 
         spec = dataclasses.replace(spec, checkpoint=Path(checkpoint))  # serve the directory given, verified
-    err.print(f"serving {source.kind} {source.id} (model {spec.model_digest}) on http://{host}:{port}",
-              highlight=False)
-    serve_replica(spec, host=host, port=port)
+    def listening(endpoint: str) -> None:  # once the model verified and the port is bound: the port in use
+        err.print(f"serving {source.kind} {source.id} (model {spec.model_digest}) on {endpoint}", highlight=False)
+
+    serve_replica(spec, host=host, port=port, listening=listening)

@@ -34,7 +34,16 @@ from runners.checkpoint import save_checkpoint
 from runners.model import greedy_generate
 from runners.prepare import pinned_threads, prepare
 from runners.rng import Rngs
-from runners.serve import ReplicaSpec, app_for, bind, decode, endpoint_of, load_replica, uvicorn_server
+from runners.serve import (
+    ReplicaSpec,
+    app_for,
+    bind,
+    decode,
+    endpoint_of,
+    load_replica,
+    serve_replica,
+    uvicorn_server,
+)
 from verify import serving as vs
 
 TINY: dict[str, Any] = {
@@ -411,3 +420,53 @@ def test_replicas_are_stopped_when_the_caller_is_interrupted(served: Served) -> 
     assert _serve_children() == []
     with pytest.raises(Exception, match="loopback"):
         loadgen.run_phase("single", ["http://192.0.2.1:9090"], [{"model": MODEL, "prompt": "x"}])
+
+
+def test_a_trailing_slash_is_an_unknown_path_and_a_disconnect_is_not_a_server_error(served: Served, server: str,
+                                                                                      client: httpx.Client) -> None:
+    """Starlette redirected '/v1/completions/' with a bodiless 307; a client gone mid-body ended in a traceback
+    counted as a 500. Now: 404 in OpenAI's shape, and a 400 counted, no 500."""
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    r = client.post(f"{server}/v1/completions/", json={"model": MODEL, "prompt": "x"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    before = client.get(f"{server}/metrics").text
+    url = urlparse(server)
+    with socket.create_connection((url.hostname, url.port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"model\": ")
+        time.sleep(0.3)
+    for _ in range(50):  # the server notices the disconnect on its own loop
+        after = client.get(f"{server}/metrics").text
+        if after != before and 'status="400"' in after:
+            break
+        time.sleep(0.1)
+    assert 'errors_total{status="500"}' not in after, after
+    assert _complete(client, server, served.documents[0]["prompt"], max_tokens=2)["choices"]
+
+
+def test_the_endpoint_is_announced_once_bound_and_a_busy_port_is_one_line(served: Served) -> None:
+    """`ledger serve` announced 'on http://127.0.0.1:0' before verifying or binding; serve_replica now calls back
+    with the bound endpoint (the kernel's port), and a port it cannot bind is an InputError naming it."""
+    import re
+    import socket
+
+    from ledger.errors import InputError
+
+    class Bound(Exception):
+        pass
+
+    def listening(endpoint: str) -> None:
+        raise Bound(endpoint)  # stop before serving: the announcement is what is tested
+
+    with pytest.raises(Bound) as info:
+        serve_replica(served.spec, port=0, listening=listening)
+    assert re.fullmatch(r"http://127\.0\.0\.1:[1-9]\d*", str(info.value)), info.value
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with pytest.raises(InputError, match=f"cannot listen on 127.0.0.1:{port}: "):
+            serve_replica(served.spec, port=port, listening=listening)
