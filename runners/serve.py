@@ -696,8 +696,15 @@ def endpoint_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def uvicorn_server(app: Starlette, *, log_level: str = "warning") -> Any:
-    """A uvicorn server for ``app`` with bounded timeouts (run it with ``.run(sockets=[bind(...)])``).
+REQUEST_TIMEOUT_S = 20.0  # a request's headers and body (at most max_body_bytes) must arrive within this
+
+
+def uvicorn_server(app: Starlette, *, log_level: str = "warning", request_timeout: float = REQUEST_TIMEOUT_S) -> Any:
+    """A uvicorn server for ``app`` with bounded timeouts (run it with ``.run(sockets=[bind(...)])``): an idle
+    keep-alive connection is closed after 5 s (uvicorn's), and one whose request has not fully arrived
+    ``request_timeout`` seconds after it opened or after its last response (a client that sends nothing, or a
+    byte a second) is closed too (:func:`_deadline_protocol`; uvicorn has no such timeout, and idle sockets
+    otherwise pile up until the process runs out of file descriptors).
 
     uvicorn picks uvloop and httptools when they are installed (dependencies on Linux and macOS): with them a replica
     spent a third less CPU per request outside the model (benchmarks/README.md, serve_bench); h11 and asyncio's loop
@@ -705,8 +712,47 @@ def uvicorn_server(app: Starlette, *, log_level: str = "warning") -> Any:
     import uvicorn
 
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on", timeout_keep_alive=5,
-                            timeout_graceful_shutdown=3, h11_max_incomplete_event_size=65536)
+                            timeout_graceful_shutdown=3, h11_max_incomplete_event_size=65536,
+                            http=_deadline_protocol(request_timeout))
     return uvicorn.Server(config)
+
+
+def _deadline_protocol(timeout: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools', else h11's) with a deadline for receiving each request."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    except ImportError:  # httptools not installed: uvicorn's pure-Python parser
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
+
+    class WithDeadline(Base):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(timeout, self._passed)
+
+        def _passed(self) -> None:
+            cycle = self.cycle
+            if cycle is not None and not cycle.more_body and not cycle.response_complete:
+                return  # the request arrived and is being answered (generation may queue): not the client's delay
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return WithDeadline
 
 
 def _watch_parent(parent_pid: int) -> None:

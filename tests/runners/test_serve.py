@@ -470,3 +470,37 @@ def test_the_endpoint_is_announced_once_bound_and_a_busy_port_is_one_line(served
         port = busy.getsockname()[1]
         with pytest.raises(InputError, match=f"cannot listen on 127.0.0.1:{port}: "):
             serve_replica(served.spec, port=port, listening=listening)
+
+
+def test_a_connection_whose_request_does_not_arrive_is_closed(served: Served) -> None:
+    """uvicorn times out only idle keep-alive connections after a response: a client that connects and sends
+    nothing, or a byte at a time, held its socket forever (20,000 of them stopped the server answering). Each
+    request must now arrive within the deadline; a request that did is answered however long it takes."""
+    import socket
+    from urllib.parse import urlparse
+
+    sock = bind("127.0.0.1", 0)
+    endpoint = endpoint_of(sock)
+    server = uvicorn_server(app_for(served.loaded, served.spec), request_timeout=0.5)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        url = urlparse(endpoint)
+        for _ in range(100):
+            if server.started:
+                break
+            time.sleep(0.05)
+        silent = socket.create_connection((url.hostname, url.port))
+        slow = socket.create_connection((url.hostname, url.port))
+        slow.sendall(b"GET /health HTTP/1.1\r\n")  # the headers never end
+        silent.settimeout(5)
+        slow.settimeout(5)
+        assert silent.recv(1) == b"" and slow.recv(1) == b""  # closed by the server, well before 5 s
+        with httpx.Client(trust_env=False, timeout=30) as c:
+            assert c.get(f"{endpoint}/health").status_code == 200
+        silent.close()
+        slow.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
