@@ -57,7 +57,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from ledger.errors import InputError
+from ledger.errors import InputError, printable
 from ledger.experiment.formats import REPORT_HTML_FORMAT
 
 if TYPE_CHECKING:
@@ -186,7 +186,9 @@ def _not_run(section: Any) -> str | None:
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    """Text from the data as HTML: markup escaped, and what a browser would not show as written (NUL, ESC and
+    other controls, bidi overrides) as its escape (ledger.errors.printable; newlines and tabs kept)."""
+    return html.escape(printable(str(value), lines=True), quote=True)
 
 
 def _num(value: Any, digits: int = 4) -> str:

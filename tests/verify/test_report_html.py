@@ -204,6 +204,12 @@ def test_every_string_from_the_data_is_escaped() -> None:
     text = _render(report, figures).decode("utf-8")
     assert "<script" not in text
     assert "&lt;script&gt;" in text
+    # control characters and a bidi override (NUL is an HTML parse error; RLO makes text read other than it is)
+    report, figures = _inputs()
+    figures["log_head"] = "head\x00\x1b[2J\u202etxt"
+    text = _render(report, figures).decode("utf-8")
+    assert "head\\x00\\x1b[2J\\u202etxt" in text
+    assert not any(c in text for c in "\x00\x1b\u202e")
 
 
 def test_sections_that_did_not_run_say_so() -> None:
