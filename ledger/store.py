@@ -847,27 +847,24 @@ class Store:
             for start in range(0, len(ids), batch):
                 yield self.raw_rows(ids[start : start + batch])
             return
-        after = first - 1
-        while after < last:
-            with self.reading() as reads:  # yielded outside it: a caller that stops early leaves no transaction open
-                read = reads.all(_ROWS_AFTER_UP_TO, (after, last, batch))
-                if not read:
-                    return
-                rows = [row for row in map(StoredRow._make, read) if row.prepared == prepared]
-                got = RowBatch(rows, *self._index_rows(rows))
-            yield got
-            after = read[-1][0]
+        yield from self._row_batches(first - 1, last, batch, prepared)
 
     def all_rows(self, batch: int = 512) -> Generator[RowBatch, None, None]:
         """Every receipt row in append order, a batch at a time with its index rows (``ledger verify --head``
         compares each row's columns, edges and artifact rows with its body)."""
-        after = 0
-        while True:
+        return self._row_batches(0, None, batch)
+
+    def _row_batches(self, after: int, last: int | None, batch: int, prepared: str | None = None
+                     ) -> Generator[RowBatch, None, None]:
+        """The rows with seq in (``after``, ``last``] (no upper bound for None) in append order, a batch at a time
+        with their index rows; with ``prepared``, only those whose column holds it."""
+        while last is None or after < last:
             with self.reading() as reads:  # yielded outside it: a caller that stops early leaves no transaction open
-                read = reads.all(_ROWS_AFTER, (after, batch))
+                read = (reads.all(_ROWS_AFTER, (after, batch)) if last is None
+                        else reads.all(_ROWS_AFTER_UP_TO, (after, last, batch)))
                 if not read:
                     return
-                rows = list(map(StoredRow._make, read))
+                rows = [row for row in map(StoredRow._make, read) if prepared is None or row.prepared == prepared]
                 got = RowBatch(rows, *self._index_rows(rows))
             yield got
             after = read[-1][0]
