@@ -541,6 +541,7 @@ def check_artifacts(
     found: dict[tuple[str, str], list[str]] = {}  # (receipt, name) -> places that verified
     gone: list[ArtifactCheck] = []
     state_dirs: dict[str, list[Path]] = {}  # receipt -> its verified state directories
+    written_dirs: dict[str, list[Path]] = {}  # receipt -> those of them it recorded itself
     # Receipts whose artifacts an earlier call of the same Verifier checked keep their results: their places held.
     todo = [r for r in receipts if r.id not in known.artifacts]
 
@@ -595,10 +596,10 @@ def check_artifacts(
             found.setdefault((r.id, name), []).append(str(path))
             if name in _STATE_NAMES and path in checkpoints:
                 state_dirs.setdefault(r.id, []).append(path)
+                if own_pass and recorded:  # a directory the receipt itself recorded: its measurements.files
+                    written_dirs.setdefault(r.id, []).append(path)
     for r in todo:
-        _check_files(r, [p for name in _STATE_NAMES if name in r.artifacts
-                         for p, recorded in _places(artifacts, r.artifacts[name], (), own[r.id].get(name, ()))
-                         if recorded and p in checkpoints], checkpoints)
+        _check_files(r, written_dirs.get(r.id, []), checkpoints)
         out: list[ArtifactCheck] = []
         for name, digest in sorted(r.artifacts.items()):
             verified_at = found.get((r.id, name), [])
