@@ -19,8 +19,9 @@ EXIT_DATABASE = 4
 
 # What a terminal acts on rather than shows: C0 and C1 controls (escape sequences, carriage return, backspace), the
 # line and paragraph separators and the bidirectional overrides and isolates (text that reads other than it is).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_UNPRINTABLE_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_ACTED_ON = "\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"  # all but tab and newline
+_UNPRINTABLE = re.compile(f"[\t\n{_ACTED_ON}]")
+_UNPRINTABLE_BUT_LINES = re.compile(f"[{_ACTED_ON}]")
 
 
 def _escape(m: re.Match[str]) -> str:
