@@ -9,12 +9,12 @@ tampered record is named by its document, rank or field rather than only by its 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
 from ledger.kinds import spec
-from ledger.receipts import Kind
+from ledger.receipts import Kind, Receipt
 from verify.context import KindCheck, KindCheckContext, guarded
 
 
@@ -83,3 +83,23 @@ def checks_for(kind: str) -> tuple[KindCheck, ...]:
     """The checks of ``kind``, in order."""
     found = _BY_NAME.get(kind)  # a plain dict of the kinds' names: Kind(kind) costs a microsecond per receipt
     return found if found is not None else CHECKS[Kind(kind)]
+
+
+_SCHEMA_ALONE: Final = (check_schema,)
+
+
+def schema_alone(kind: str) -> bool:
+    """Whether ``kind``'s only check is its schema, which reads nothing but the receipt (no ancestry, no files): a
+    note or a checkpoint, most receipts of a long ledger."""
+    return checks_for(kind) == _SCHEMA_ALONE
+
+
+def run_checks(receipt: Receipt, context: Callable[[], KindCheckContext]) -> list[str]:
+    """What the checks of ``receipt``'s kind say, in order. ``context`` is called only for a kind with checks beyond
+    the schema (:func:`schema_alone`): building one costs a microsecond or two, more than a note's check."""
+    checks = checks_for(receipt.kind)
+    if checks == _SCHEMA_ALONE:
+        spec(receipt.kind).schema.check(receipt)
+        return []
+    ctx = context()
+    return [line for check in checks for line in check(ctx)]

@@ -39,7 +39,7 @@ from ledger.errors import (
 from ledger.receipts import Receipt
 from ledger.state import CheckpointState, StateCache, prefetch_states, recompute
 from ledger.store import ArtifactRef, ParentEdge, RowBatch, Store, StoredRow
-from verify.checks import checks_for
+from verify.checks import run_checks, schema_alone
 from verify.context import KindCheckContext, Memo, ModelRunner
 
 ArtifactStatus = Literal["verified", "missing"]
@@ -109,7 +109,7 @@ def check_row(row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef]) 
         raise DigestMismatch("receipt id does not recompute from the stored body", expected=rid,
                              actual=actual, receipt=rid, field="body")
     try:
-        receipt = Receipt.from_bytes(body)
+        receipt = Receipt.from_bytes(body, keep_body=False)  # verification never reads it again
     except LedgerError as exc:  # only a forged row can get here: the id matched a non-receipt body
         raise RecordInvalid.at(f"receipt {rid}: body is not a valid receipt: {exc.one_line()}",
                                receipt=rid, field="body", expected="a receipt body", actual=exc.one_line()) from exc
@@ -119,9 +119,11 @@ def check_row(row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef]) 
         for name, stored in zip(_COLUMNS, columns, strict=True):
             if stored != getattr(receipt, name):
                 raise RecordMismatch(rid, name, expected=getattr(receipt, name), actual=stored)
-    stored_parents = sorted(e.parent for e in edges)
+    stored_parents = [edges[0].parent] if len(edges) == 1 else sorted(e.parent for e in edges)
     if stored_parents != list(receipt.parents) and not _deleted_parents_only(stored_parents, receipt.parents):
         raise RecordMismatch(rid, "parents", expected=list(receipt.parents), actual=stored_parents)
+    if not arts and not receipt.artifacts:  # most receipts cite none
+        return receipt
     stored_arts = {a.name: a.digest for a in arts}
     if stored_arts == receipt.artifacts:
         return receipt
@@ -156,7 +158,8 @@ class _Known:
     """What a :class:`Verifier` has established: only what held (a failure raises and ends the verification)."""
 
     rows: dict[_RowKey, Receipt] = field(default_factory=dict)  # everything check_row reads -> its receipt
-    receipts: dict[str, tuple[int, Receipt]] = field(default_factory=dict)  # id -> (seq, receipt), rows checked
+    receipts: dict[str, Receipt] = field(default_factory=dict)  # id -> receipt, rows checked (the chain rules' parents)
+    seqs: dict[str, int] = field(default_factory=dict)  # id -> seq, for the same receipts
     prepares: dict[str, tuple[str, ...]] = field(default_factory=dict)  # id -> the prepares of its ancestry, by seq
     # (the prepares of an ancestry, a prepared digest) -> those of that digest: one tuple shared by most receipts
     same_digest: dict[tuple[tuple[str, ...], str | None], tuple[str, ...]] = field(default_factory=dict)
@@ -178,7 +181,8 @@ def _checked_row(row: StoredRow, edges: list[ParentEdge], arts: list[ArtifactRef
     receipt = known.rows.get(key)
     if receipt is None:
         receipt = known.rows[key] = check_row(row, edges, arts)
-    known.receipts[row.id] = (row.seq, receipt)
+    known.receipts[row.id] = receipt
+    known.seqs[row.id] = row.seq
     return receipt
 
 
@@ -330,9 +334,7 @@ class Verifier:
                 key = (r.id, tuple(x.id for x in prepares if x.prepared == r.prepared))
                 lines = known.checked.get(key)
                 if lines is None:
-                    ctx = self._context(r, closure)
-                    lines = [line for check in checks_for(r.kind) for line in check(ctx)]
-                    known.checked[key] = lines
+                    lines = known.checked[key] = run_checks(r, lambda r=r: self._context(r, closure))
                 report.checks.extend(lines)
             report.artifacts = check_artifacts(self.store, ordered, self.artifacts, progress=progress,
                                                _known=known, _memo=self._memo)
@@ -403,7 +405,8 @@ class Verifier:
         rest of its ancestry held already); None, having checked nothing but its row, when that does not apply."""
         known = self._known
         receipt = check_row(row, edges, arts)  # a new row: no cache to look in, nor to fill (verify has its own)
-        known.receipts[receipt.id] = (row.seq, receipt)
+        known.receipts[receipt.id] = receipt
+        known.seqs[receipt.id] = row.seq
         # check_row matched the edges with the parents the body names, unless some edge's parent row is gone (its
         # marker is no receipt id, so never verified): every edge's parent verified means the body's are. A verifier
         # without artifacts records no artifact checks, for any receipt, so there it waits for none (waiting sent
@@ -413,27 +416,29 @@ class Verifier:
             p = e.parent
             if p not in known.chained or p not in artifacts_checked or p not in known.prepares:
                 return None
-        chain.check_receipt(receipt, {p: known.receipts[p][1] for p in receipt.parents})
+        chain.check_receipt(receipt, known.receipts)
         known.chained.add(receipt.id)
         prepares = known.prepares[receipt.id] = _prepares(receipt, known)
         if self.artifacts is None:
             return []
-        same = known.same_digest.get((prepares, receipt.prepared))
-        if same is None:  # one tuple per (ancestry's prepares, digest): most receipts share it
-            same = known.same_digest[(prepares, receipt.prepared)] = tuple(
-                x for x in prepares if known.receipts[x][1].prepared == receipt.prepared)
-        key = (receipt.id, same)
-        lines = known.checked.get(key)
-        if lines is None:
-            ctx = self._context(receipt, _Ancestry(receipt, known))  # type: ignore[arg-type]
-            lines = [line for check in checks_for(receipt.kind) for line in check(ctx)]
-            known.checked[key] = lines
+
+        def context() -> KindCheckContext:
+            return self._context(receipt, _Ancestry(receipt, known))  # type: ignore[arg-type]
+
+        if schema_alone(receipt.kind):  # its check reads the receipt alone: cheaper to run again than to key and keep
+            lines = run_checks(receipt, context)
+        else:  # a receipt is verified here only before it is chained, so before any check of it ran: none to reuse
+            same = known.same_digest.get((prepares, receipt.prepared))
+            if same is None:  # one tuple per (ancestry's prepares, digest): most receipts share it
+                same = known.same_digest[(prepares, receipt.prepared)] = tuple(
+                    x for x in prepares if known.receipts[x].prepared == receipt.prepared)
+            lines = known.checked[(receipt.id, same)] = run_checks(receipt, context)
         if receipt.artifacts:
             found = check_artifacts(self.store, [receipt], self.artifacts, _known=known, _memo=self._memo)
+            if self.require_artifacts:
+                _require_present(found)
         else:
-            found = known.artifacts[receipt.id] = []
-        if self.require_artifacts:
-            _require_present(found)
+            known.artifacts[receipt.id] = []
         return lines
 
 
@@ -473,12 +478,15 @@ def _cycles_collected_after() -> Iterator[None]:
 
 def _prepares(r: Receipt, known: _Known) -> tuple[str, ...]:
     """The prepare receipts of ``r``'s ancestry (``r`` included), in append order, from its parents' (known)."""
-    if r.kind != "prepare" and len({known.prepares[p] for p in r.parents}) == 1:
-        return known.prepares[r.parents[0]]  # one parent, or parents of one prepare: the same tuple
+    parents, prepares = r.parents, known.prepares
+    if r.kind != "prepare" and parents:
+        first = prepares[parents[0]]  # one parent, or parents of the same prepares: that tuple
+        if len(parents) == 1 or all(prepares[p] == first for p in parents[1:]):
+            return first
     found = {x for p in r.parents for x in known.prepares[p]}
     if r.kind == "prepare":
         found.add(r.id)
-    return tuple(sorted(found, key=lambda x: known.receipts[x][0]))
+    return tuple(sorted(found, key=known.seqs.__getitem__))
 
 
 class _Ancestry(Mapping[str, Receipt]):
@@ -498,16 +506,16 @@ class _Ancestry(Mapping[str, Receipt]):
             while todo:
                 pid = todo.pop()
                 if pid not in seen:
-                    seen[pid] = self._known.receipts[pid][1]
+                    seen[pid] = self._known.receipts[pid]
                     todo.extend(seen[pid].parents)
-            self._all = {rid: seen[rid] for rid in sorted(seen, key=lambda rid: self._known.receipts[rid][0])}
+            self._all = {rid: seen[rid] for rid in sorted(seen, key=self._known.seqs.__getitem__)}
         return self._all
 
     def __getitem__(self, rid: str) -> Receipt:
         if rid == self._receipt.id:
             return self._receipt
         if rid in self._receipt.parents:
-            return self._known.receipts[rid][1]
+            return self._known.receipts[rid]
         return self._everything()[rid]
 
     def __iter__(self) -> Iterator[str]:
