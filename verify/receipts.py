@@ -17,6 +17,7 @@ page's rendering) on a worker process ahead of its turn; the check still runs in
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -334,7 +335,7 @@ class Verifier:
                 key = (r.id, tuple(x.id for x in prepares if x.prepared == r.prepared))
                 lines = known.checked.get(key)
                 if lines is None:
-                    lines = known.checked[key] = run_checks(r, lambda r=r: self._context(r, closure))
+                    lines = known.checked[key] = run_checks(r, functools.partial(self._context, r, closure))
                 report.checks.extend(lines)
             report.artifacts = check_artifacts(self.store, ordered, self.artifacts, progress=progress,
                                                _known=known, _memo=self._memo)
@@ -475,8 +476,10 @@ def _cycles_collected_after() -> Iterator[None]:
         if enabled:
             # What was made meanwhile goes to the oldest generation, where only the rare full collections look: left
             # young, the first allocation after gc.enable() traverses all of it (0.2 s after 100,000 receipts).
-            gc.freeze()
-            gc.unfreeze()
+            # Not when the caller has frozen objects of its own: unfreezing would release those too.
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

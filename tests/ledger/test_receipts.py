@@ -63,6 +63,17 @@ def test_from_bytes_round_trip() -> None:
     assert back.measurements["loss"] == 0.25
 
 
+def test_from_bytes_without_keeping_the_body_encodes_the_same_bytes_when_asked() -> None:
+    """keep_body=False (the verifier, which holds many receipts): the same receipt, its body encoded again on demand
+    to exactly the parsed bytes, which the receipt does not hold until then."""
+    r = full_receipt()
+    data = bytes(r.body)
+    back = Receipt.from_bytes(data, keep_body=False)
+    assert "body" not in back.__dict__
+    assert back == r and back.to_document() == r.to_document()
+    assert back.body == data and back.body is not data and back.id == r.id
+
+
 def test_equality_and_hash_follow_the_body() -> None:
     a = make_receipt("note", run="r", measurements={"x": 1})
     b = make_receipt("note", run="r", measurements={"x": 1})

@@ -6,9 +6,11 @@ access to the file could; `ledger verify` on a descendant must fail naming the r
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import sqlite3
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from ledger.errors import ChainBroken, DigestMismatch, MissingArtifact, RecordIn
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store, missing_parent
 from tests.conftest import ReceiptChain, schema_fill
-from verify.receipts import verify_receipt
+from verify.receipts import _cycles_collected_after, verify_receipt
 
 MakeChain = Callable[..., ReceiptChain]
 runner = CliRunner()
@@ -660,3 +662,36 @@ def test_a_recorded_checkpoint_copy_that_is_a_symlink_is_refused(ledger_db: Path
         with pytest.raises(RecordInvalid, match="is a symbolic link, not a copy") as info:
             verify_receipt(store, tips[1], artifacts=arts, require_artifacts=True)
     assert str(link) in info.value.one_line()
+
+
+def test_a_verification_hands_what_it_made_to_the_oldest_generation() -> None:
+    """The collector is off while verifying; when it ends, what was made goes to the oldest generation instead of
+    waiting in the youngest for the first allocation after, which would traverse all of it. A cycle made meanwhile
+    is still collected."""
+
+    class Node:
+        me: Node
+
+    gc.enable()
+    with _cycles_collected_after():
+        assert not gc.isenabled()
+        kept = [[i] for i in range(20_000)]
+        cycle = Node()
+        cycle.me = cycle
+        dead = weakref.ref(cycle)
+        del cycle
+    assert gc.isenabled()
+    assert any(o is kept for o in gc.get_objects(generation=2))
+    gc.collect()
+    assert dead() is None
+
+
+def test_objects_the_caller_froze_stay_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with _cycles_collected_after():
+            pass
+        assert gc.isenabled() and gc.get_freeze_count() == frozen > 0
+    finally:
+        gc.unfreeze()
