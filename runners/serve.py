@@ -717,12 +717,15 @@ def uvicorn_server(app: Starlette, *, log_level: str = "warning", request_timeou
     return uvicorn.Server(config)
 
 
-def _deadline_protocol(timeout: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol (httptools', else h11's) with a deadline for receiving each request."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
-    except ImportError:  # httptools not installed: uvicorn's pure-Python parser
-        from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
+def _deadline_protocol(timeout: float, base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (``base``, else httptools', else h11's) with a deadline for receiving each request, and
+    its answer to a request it cannot parse in OpenAI's error shape."""
+    Base: Any = base
+    if Base is None:
+        try:
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+        except ImportError:  # httptools not installed: uvicorn's pure-Python parser
+            from uvicorn.protocols.http.h11_impl import H11Protocol as Base
 
     class WithDeadline(Base):
         _deadline: asyncio.TimerHandle | None = None
@@ -751,6 +754,19 @@ def _deadline_protocol(timeout: float) -> type[asyncio.Protocol]:
                 return  # the request arrived and is being answered (generation may queue): not the client's delay
             if not self.transport.is_closing():
                 self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            """Bytes that are not an HTTP request (uvicorn answers them in text/plain, then closes): the same 400 and
+            close, in OpenAI's shape like every other error of this server. Written directly: the parser's state is
+            an error already."""
+            body = json.dumps({"error": {"message": f"malformed HTTP request: {msg}", "type": "invalid_request_error",
+                                         "param": None, "code": "malformed_http"}}).encode()
+            head = [b"HTTP/1.1 400 Bad Request\r\n"]
+            head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+            head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+                     b"connection: close\r\n\r\n"]
+            self.transport.write(b"".join(head) + body)
+            self.transport.close()
 
     return WithDeadline
 

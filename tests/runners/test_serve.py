@@ -504,3 +504,52 @@ def test_a_connection_whose_request_does_not_arrive_is_closed(served: Served) ->
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_bytes_that_are_not_http_get_a_400_in_openais_shape(served: Served, parser: str) -> None:
+    """uvicorn answers what it cannot parse with its own text/plain 400: the replica's is in OpenAI's error shape, like
+    every other error it sends, with either of uvicorn's parsers; then it closes the connection and serves on."""
+    import socket
+    from urllib.parse import urlparse
+
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from runners.serve import _deadline_protocol
+
+    base = {"httptools": HttpToolsProtocol, "h11": H11Protocol}[parser]
+    sock = bind("127.0.0.1", 0)
+    endpoint = endpoint_of(sock)
+    config = uvicorn.Config(app_for(served.loaded, served.spec), log_level="warning", access_log=False,
+                            lifespan="on", http=_deadline_protocol(5.0, base))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            time.sleep(0.05)
+        url = urlparse(endpoint)
+        for garbage in (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # a TLS ClientHello's first bytes
+                        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"):
+            with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
+                conn.sendall(garbage)
+                reply = b""
+                while chunk := conn.recv(65536):  # the server closes after its answer
+                    reply += chunk
+            head, _, body = reply.partition(b"\r\n\r\n")
+            lines = head.decode("ascii").split("\r\n")
+            assert lines[0] == "HTTP/1.1 400 Bad Request", (parser, reply)
+            assert "content-type: application/json" in [line.lower() for line in lines[1:]]
+            error = json.loads(body)["error"]
+            assert error["type"] == "invalid_request_error" and error["code"] == "malformed_http"
+            assert error["message"].startswith("malformed HTTP request: ") and error["param"] is None
+        with httpx.Client(trust_env=False, timeout=30) as c:
+            assert c.get(f"{endpoint}/health").status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
