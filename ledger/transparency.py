@@ -33,6 +33,7 @@ from ledger.database import expand_home
 from ledger.errors import (
     DigestMismatch,
     InputError,
+    LedgerError,
     LookupFailed,
     RecordInvalid,
     RecordMismatch,
@@ -131,17 +132,36 @@ def load_key(name: str, directory: str | os.PathLike[str] | None = None) -> note
     return load_private_key(path)
 
 
-def list_keys(directory: str | os.PathLike[str] | None = None) -> list[KeyFile]:
-    """Every key file of the directory, by name (each is loaded, so an exposed or malformed one raises)."""
+@dataclass(frozen=True)
+class UnusableKeyFile:
+    """A key file of a key directory that does not load (exposed, malformed, unreadable) and what loading it raised."""
+
+    name: str
+    path: Path
+    error: LedgerError | OSError
+
+    @property
+    def problem(self) -> str:
+        e = self.error
+        return e.one_line() if isinstance(e, LedgerError) else f"{e.strerror or e}: {e.filename or self.path}"
+
+
+def list_keys(directory: str | os.PathLike[str] | None = None) -> tuple[list[KeyFile], list[UnusableKeyFile]]:
+    """Every key file of the directory, by name, loaded; those that do not load apart, each with its error, so that
+    one bad file hides no other key."""
     root = keys_dir(directory)
     if not root.is_dir():
-        return []
-    out = []
+        return [], []
+    out: list[KeyFile] = []
+    unusable: list[UnusableKeyFile] = []
     for path in sorted(root.glob(f"*{KEY_SUFFIX}")):
         name = path.name.removesuffix(KEY_SUFFIX)
         if KEY_NAME_RE.fullmatch(name):
-            out.append(KeyFile(name, path, load_private_key(path).verifier))
-    return out
+            try:
+                out.append(KeyFile(name, path, load_private_key(path).verifier))
+            except (LedgerError, OSError) as exc:
+                unusable.append(UnusableKeyFile(name, path, exc))
+    return out, unusable
 
 
 # ------------------------------------------------------------------------------------------ keys in the ledger

@@ -63,11 +63,13 @@ def keys_new(
 
 
 def keys_list(directory: KeyDirOpt = None, db: DbOpt = None, json_out: JsonOpt = False) -> None:
-    """List the keys of the key directory; with --db, also whether and where the ledger registers and revokes each."""
+    """List the keys of the key directory; with --db, also whether and where the ledger registers and revokes each.
+    A key file that does not load is listed with what is wrong with it, and the command then fails with the first
+    one's error (exit 2)."""
     from ledger.revocation import revocations
     from ledger.transparency import keys_dir, list_keys, registered_keys
 
-    found = list_keys(directory)
+    found, unusable = list_keys(directory)
     registered: dict[str, Any] = {}
     revoked: dict[str, Any] = {}
     if db is not None:
@@ -78,15 +80,20 @@ def keys_list(directory: KeyDirOpt = None, db: DbOpt = None, json_out: JsonOpt =
              "revoked": (revoked[k.verifier.label].receipt if k.verifier.label in revoked else None)}
             for k in found]
     if json_out:
-        emit_json({"dir": str(keys_dir(directory)), "keys": rows})
-        return
-    if not rows:
-        out.print(f"no keys in {keys_dir(directory)}")
-    for row in rows:
-        where = f"  registered by {row['registered']}" if row["registered"] else ("  not registered" if db else "")
-        if row["revoked"]:
-            where += f", revoked by {row['revoked']}"
-        out.print(f"{row['name']:<20} {'witness ' if row['witness'] else 'operator'} {row['public_key']}{where}")
+        emit_json({"dir": str(keys_dir(directory)), "keys": rows,
+                   "unusable": [{"name": u.name, "path": str(u.path), "problem": u.problem} for u in unusable]})
+    else:
+        if not rows and not unusable:
+            out.print(f"no keys in {keys_dir(directory)}")
+        for row in rows:
+            where = f"  registered by {row['registered']}" if row["registered"] else ("  not registered" if db else "")
+            if row["revoked"]:
+                where += f", revoked by {row['revoked']}"
+            out.print(f"{row['name']:<20} {'witness ' if row['witness'] else 'operator'} {row['public_key']}{where}")
+        for u in unusable:
+            out.print(f"{u.name:<20} unusable: {u.problem}")
+    if unusable:
+        raise unusable[0].error
 
 
 def keys_export(name: Annotated[str, typer.Argument(help="Key name.")], directory: KeyDirOpt = None,

@@ -175,3 +175,28 @@ def test_key_file_errors_name_the_file(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("LEDGER_SIGNING_KEY", str(tmp_path / "w.key"))
     code, _, stderr = cli("log", "--db", str(tmp_path / "absent.db"))
     assert code == 2 and "LEDGER_SIGNING_KEY" in stderr and "w.key: a witness" in stderr, stderr
+
+
+def test_keys_list_shows_every_good_key_beside_a_bad_file(tmp_path: Path) -> None:
+    """A malformed or exposed key file used to stop the listing at itself: every key that loads is listed, each bad
+    file with what is wrong with it, and the command fails with the first one's error (exit 2)."""
+    keys = tmp_path / "keys"
+    for name in ("alice", "zed"):
+        assert cli("keys", "new", name, "--dir", str(keys))[0] == 0
+    (keys / "broken.key").write_text("not a key\n")
+    (keys / "broken.key").chmod(0o600)
+    (keys / "open.key").write_text((keys / "alice.key").read_text())
+    (keys / "open.key").chmod(0o644)
+    code, stdout, stderr = cli("keys", "list", "--dir", str(keys))
+    assert code == 2 and stderr.count("\n") == 1 and "broken.key" in stderr
+    lines = stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["alice", "zed", "broken", "open"]
+    assert "unusable:" in lines[2] and "broken.key" in lines[2] and "mode 0644" in lines[3]
+    code, stdout, _ = cli("keys", "list", "--dir", str(keys), "--json")
+    value = json.loads(stdout)
+    assert code == 2 and [k["name"] for k in value["keys"]] == ["alice", "zed"]
+    assert [(u["name"], "mode 0644" in u["problem"]) for u in value["unusable"]] == [("broken", False), ("open", True)]
+    (keys / "broken.key").unlink()
+    (keys / "open.key").unlink()
+    code, stdout, _ = cli("keys", "list", "--dir", str(keys), "--json")
+    assert code == 0 and json.loads(stdout)["unusable"] == []
