@@ -52,7 +52,11 @@ def expand_home(value: str) -> Path:
 
 
 def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
-    """``--db`` value, else ``$LEDGER_DB``, else ``./ledger.db``; a plain path means an SQLite file."""
+    """``--db`` value, else ``$LEDGER_DB``, else ``./ledger.db``; a plain path means an SQLite file. An empty
+    ``$LEDGER_DB`` is unset, as shells have it; an empty ``--db`` (``--db "$DB"`` with DB unset, say) is refused
+    rather than taken as the current directory."""
+    if db is not None and not os.fspath(db):
+        raise InputError("the ledger database is empty: give an SQLite path or an SQLAlchemy URL (--db)")
     value = os.fspath(db) if db is not None else os.environ.get(ENV_DB) or DEFAULT_DB
     if "://" in value:
         return value

@@ -390,3 +390,14 @@ def test_db_commands_refuse_what_is_not_a_ledger_and_unknown_revisions(tmp_path:
     line = fails(2, "db", "upgrade", "0001_bogus", "--db", ledger_db)
     assert "unknown schema revision '0001_bogus'" in line and "0001_initial" in line
     assert "unknown schema revision" in fails(2, "db", "downgrade", "nope", "--db", ledger_db)
+
+
+def test_an_empty_db_option_is_refused_and_an_empty_environment_variable_is_unset(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--db ''`` (``--db "$DB"`` with DB unset) was taken as the current directory; an empty LEDGER_DB is unset,
+    as shells have it, so the default ./ledger.db is opened."""
+    monkeypatch.chdir(tmp_path)
+    for args in (["log", "--db", ""], ["db", "current", "--db", ""], ["audit", "--no-record", "--db", ""]):
+        assert "the ledger database is empty" in fails(2, *args)
+    monkeypatch.setenv("LEDGER_DB", "")
+    assert f"no ledger at {tmp_path / 'ledger.db'}" in fails(4, "log")  # the default file, absent here
