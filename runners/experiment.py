@@ -140,7 +140,8 @@ def _experiment(workdir: Path, db: str, config: Path | None, signer: Any, *,
         export_head(store, signer, workdir / "audited-head.txt")
         head_text = (workdir / "audited-head.txt").read_text()
         verify_head(store, head_text.encode(), trusted=[signer.verifier])
-        audited = audit(store, arts, prepared)
+        # Every receipt of the experiment was signed with the operator key ($LEDGER_SIGNING_KEY): required.
+        audited = audit(store, arts, prepared, require_signatures=True)
         assert audited.receipt is not None
         page = render_page(store, arts, audited.receipt, audited.report, log_head=head_text)
         arts.put_bytes(page)

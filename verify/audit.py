@@ -20,6 +20,7 @@ from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from verify.receipts import Verifier
 from verify.report import build_report
+from verify.transparency import SignatureReport, check_experiment_signatures
 
 
 @dataclass
@@ -30,11 +31,14 @@ class AuditResult:
     receipt: Receipt | None = None
     settlement: Receipt | None = None
     recorded: bool = False  # whether receipt and settlement were appended (else they are what would be)
+    signatures: SignatureReport | None = None  # who signed the experiment's receipts, each signature checked
 
 
 def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *, record: bool = True,
-          progress: Callable[[str], None] | None = None) -> AuditResult:
-    """Verify every receipt the report draws on, build the report, and (``record``) append audit + settlement."""
+          require_signatures: bool = False, progress: Callable[[str], None] | None = None) -> AuditResult:
+    """Verify every receipt the report draws on, then every other receipt of the experiment and the signatures of
+    all of them (with ``require_signatures`` an unsigned one fails), build the report, and (``record``) append
+    audit + settlement."""
     digest = store.latest_prepared(prepared)
     # One verifier for every cited receipt: their ancestries overlap (the prepare, the training chains, the evals),
     # and each row, chain rule, kind check, artifact copy and checkpoint state is verified once for the audit.
@@ -53,7 +57,10 @@ def audit(store: Store, artifacts: ArtifactStore, prepared: str | None = None, *
     # The stored ids: a body edited in place must not rename its row. Read in batches, each receipt whose ancestry
     # is verified already is checked alone, so that a ledger with many more receipts costs what reading them does.
     checks.extend(verifier.verify_experiment(digest, progress=progress))
-    result = AuditResult(report, cited, sorted(set(checks)))
+    # Who vouches for them: a keeper of the database who rewrote receipts (ids and chain recomputed) cannot sign
+    # them again with a registered key. The log itself (each leaf, against a published head) is `verify --head`'s.
+    signatures = check_experiment_signatures(store, digest, require=require_signatures)
+    result = AuditResult(report, cited, sorted(set(checks)), signatures=signatures)
     # The receipts exist (with their content ids) whether or not they are recorded: a page rendered with
     # --no-record still names the audit it shows.
     report_bytes = digests.canonical_bytes(report)

@@ -201,7 +201,8 @@ class SignatureReport:
 
     checked: int = 0
     signed: dict[str, int] = field(default_factory=dict)
-    unsigned: list[str] = field(default_factory=list)
+    unsigned: list[str] = field(default_factory=list)  # in log order; only the first of them when the count is set
+    unsigned_count: int | None = None  # set when only the first unsigned receipt was read (an experiment's check)
     keys: dict[str, RegisteredKey] = field(default_factory=dict)
     revoked: dict[str, Revocation] = field(default_factory=dict)
 
@@ -213,8 +214,12 @@ class SignatureReport:
             out.append(f"signatures: {count} receipt(s) signed by {label} (registered at leaf {k.leaf_index} by "
                        f"{k.receipt}{revoked})")
         if self.unsigned:
-            out.append(f"signatures: {len(self.unsigned)} receipt(s) unsigned (first {self.unsigned[0]})")
+            out.append(f"signatures: {self.unsigned_total} receipt(s) unsigned (first {self.unsigned[0]})")
         return out or ["signatures: none checked"]
+
+    @property
+    def unsigned_total(self) -> int:
+        return len(self.unsigned) if self.unsigned_count is None else self.unsigned_count
 
     def to_json(self) -> dict[str, Any]:
         def revoked(label: str) -> dict[str, Any] | None:
@@ -222,7 +227,7 @@ class SignatureReport:
             return None if r is None else {"receipt": r.receipt, "leaf_index": r.leaf_index}
 
         return {"checked": self.checked, "signed": dict(sorted(self.signed.items())),
-                "unsigned": len(self.unsigned), "first_unsigned": self.unsigned[0] if self.unsigned else None,
+                "unsigned": self.unsigned_total, "first_unsigned": self.unsigned[0] if self.unsigned else None,
                 "keys": {label: {"key": k.verifier.key(), "receipt": k.receipt, "leaf_index": k.leaf_index,
                                  "revoked": revoked(label)}
                          for label, k in sorted(self.keys.items()) if label in self.signed},
@@ -333,6 +338,61 @@ def check_signatures(store: Store, receipts: Iterable[str] | None = None, *, req
             signatures.check_leaf(rid, index, entry.signatures, report, require)
             _check_stored_leaf(conn, rid, index, entry.seq, entry, None)
     return report
+
+
+# An experiment's seq range and count (its rows' prepared column, by their index); the signed receipts in a seq
+# range, with their leaves (read from the signatures' primary key: only signed rows are met); rows in a seq range.
+_EXPERIMENT_SPAN = "SELECT MIN(seq), MAX(seq), COUNT(*) FROM receipts WHERE prepared = ?"
+_SIGNED_IN_SPAN = ("SELECT s.receipt_seq, r.id, r.prepared, l.leaf_index, s.key, s.signature "
+                   "FROM receipt_signatures s JOIN receipts r ON r.seq = s.receipt_seq "
+                   "LEFT OUTER JOIN log_leaves l ON l.receipt_seq = s.receipt_seq "
+                   "WHERE s.receipt_seq BETWEEN ? AND ? ORDER BY s.receipt_seq")
+_ROWS_IN_SPAN = "SELECT seq, id, prepared FROM receipts WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"
+
+
+def check_experiment_signatures(store: Store, prepared: str, *, require: bool = False) -> SignatureReport:
+    """:func:`check_signatures` of every receipt of an experiment (the rows whose ``prepared`` column holds it, as
+    the audit reads them): each signed receipt's signatures checked, and its leaf's; the unsigned ones counted and
+    the first named (with ``require`` it fails). Only signed rows are read one by one, so that a ledger with many
+    more unsigned receipts costs little more than counting them; the leaves of unsigned receipts, which sign
+    nothing, are checked against a head by ``ledger verify --head``."""
+    keys = registered_keys(store)
+    revoked = checked_revocations(store, keys)
+    report = SignatureReport(keys=keys, revoked=revoked)
+    with store.reading() as conn:
+        lo, hi, total = conn.all(_EXPERIMENT_SPAN, (prepared,))[0]
+        if not total:
+            return report
+        signatures = _Signatures(conn, keys, revoked)
+        signed: dict[int, tuple[str, int | None, list[LeafSignature]]] = {}
+        for seq, rid, column, leaf, key, sig in conn.all(_SIGNED_IN_SPAN, (lo, hi)):
+            if column == prepared:
+                signed.setdefault(seq, (rid, leaf, []))[2].append(LeafSignature.stored(key, sig))
+        for seq, (rid, leaf, sigs) in signed.items():
+            if leaf is None:
+                raise NotInLog(rid, seq)
+            mine = tuple(tlog.in_key_order(sigs))
+            signatures.check_leaf(rid, int(leaf), mine, report, require)
+            # ... and they are the signatures its leaf committed to (none added or swapped since)
+            _check_stored_leaf(conn, rid, int(leaf), seq, tlog.LogEntry(seq, rid, mine), None)
+        report.checked = int(total)
+        if total > len(signed):
+            first = _first_unsigned(conn, prepared, lo - 1, hi, signed)
+            if require:
+                raise UnsignedReceipt(first)
+            report.unsigned, report.unsigned_count = [first], int(total) - len(signed)
+    return report
+
+
+def _first_unsigned(conn: Reads, prepared: str, after: int, last: int, signed: Mapping[int, object]) -> str:
+    """The first receipt of the experiment, in log order, not among ``signed`` (one is: the count says so)."""
+    while after < last:
+        rows = conn.all(_ROWS_IN_SPAN, (after, last, 512))
+        for seq, rid, column in rows:
+            if column == prepared and seq not in signed:
+                return str(rid)
+        after = rows[-1][0]
+    raise AssertionError("an unsigned receipt was counted and not found")  # pragma: no cover - one read snapshot
 
 
 def _stored_leaf(conn: Reads, index: int) -> bytes | None:

@@ -21,6 +21,7 @@ import typer
 from ledger.cli.common import ArtifactsOpt, DbOpt, JsonOpt, PreparedOpt, artifact_store, emit_json, open_store, out
 from ledger.errors import InputError
 
+RequireSignaturesOpt = Annotated[bool, typer.Option("--require-signatures", help="Fail on an unsigned receipt.")]
 LogKeyOpt = Annotated[
     list[str] | None,
     typer.Option("--log-key", help="A trusted log (operator) public key: the key string or a file holding it. "
@@ -138,8 +139,7 @@ def verify(
     witness_key: Annotated[list[str] | None, typer.Option("--witness-key", help="Require the head to be cosigned "
                                                           "by this witness (key string or file). Repeatable.")]
     = None,
-    require_signatures: Annotated[bool, typer.Option("--require-signatures", help="Fail on an unsigned receipt.")]
-    = False,
+    require_signatures: RequireSignaturesOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Recompute a receipt's id and every ancestor's, check parent links, chain rules, artifact digests and who signed
@@ -205,25 +205,31 @@ def audit(
     record: Annotated[bool, typer.Option("--record/--no-record", help="Append audit and settlement receipts.")]
     = True,
     output: Annotated[Path | None, typer.Option("--output", help="Also write the report (JSON) here.")] = None,
+    require_signatures: RequireSignaturesOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Verify every receipt an experiment's report draws on, recompute the report (training, recovery, learning,
-    contracts, settlement) from the ledger and artifacts, and record it. Exit 1 if anything fails to verify."""
+    contracts, settlement) from the ledger and artifacts, check who signed the experiment's receipts, and record
+    it. Exit 1 if anything fails to verify."""
     from ledger.artifacts import atomic_write
     from verify.audit import audit as run_audit
 
     store = open_store(db)
-    result = run_audit(store, artifact_store(store.url, artifacts), prepared, record=record)
+    result = run_audit(store, artifact_store(store.url, artifacts), prepared, record=record,
+                       require_signatures=require_signatures)
     report = result.report
+    assert result.signatures is not None
     if output is not None:
         atomic_write(output, (json.dumps(report, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
     if json_out:
         recorded = result.recorded and result.receipt is not None and result.settlement is not None
         emit_json({"report": report, "audit": result.receipt.id if recorded else None,  # type: ignore[union-attr]
                    "settlement": result.settlement.id if recorded else None,  # type: ignore[union-attr]
-                   "checks": result.checks})
+                   "checks": result.checks, "signatures": result.signatures.to_json()})
         return
     for line in result.checks:
+        out.print(f"  {line}")
+    for line in result.signatures.lines():
         out.print(f"  {line}")
     t = report["training"]
     for arm, a in t["arms"].items():
@@ -261,6 +267,7 @@ def report_cmd(
     out_path: Annotated[Path, typer.Option("--out", help="Where to write the page.")] = Path("report.html"),
     record: Annotated[bool, typer.Option("--record/--no-record", help="Append audit, settlement and report "
                                          "receipts (the page's digest).")] = True,
+    require_signatures: RequireSignaturesOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Audit the experiment (every receipt verified, the report recomputed) and render the report as one
@@ -272,7 +279,7 @@ def report_cmd(
 
     store = open_store(db)
     arts = artifact_store(store.url, artifacts)
-    result = run_audit(store, arts, prepared, record=record)
+    result = run_audit(store, arts, prepared, record=record, require_signatures=require_signatures)
     assert result.receipt is not None
     page = render_page(store, arts, result.receipt, result.report)
     atomic_write(out_path, page)

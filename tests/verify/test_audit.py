@@ -90,3 +90,62 @@ def test_a_tampered_arm_figure_is_named(experiment: dict[str, Any]) -> None:
         conn.execute("UPDATE receipts SET body = ? WHERE id = ?", (body, end.id))
         conn.commit()
         conn.close()
+
+
+def _signed_checkpoint(e: dict[str, Any]) -> tuple[int, str, list[tuple[str, bytes]]]:
+    """A checkpoint receipt of the experiment that the main job signed: its seq, id and signature rows."""
+    with sqlite3.connect(_db(e)) as conn:
+        seq, rid = conn.execute("SELECT r.seq, r.id FROM receipts r JOIN receipt_signatures s ON s.receipt_seq = r.seq "
+                                "WHERE r.kind = 'checkpoint' ORDER BY r.seq LIMIT 1").fetchone()
+        rows = conn.execute("SELECT key, signature FROM receipt_signatures WHERE receipt_seq = ?", (seq,)).fetchall()
+    return seq, rid, [(k, bytes(s)) for k, s in rows]
+
+
+def _put_signatures(e: dict[str, Any], seq: int, rows: list[tuple[str, bytes]]) -> None:
+    with sqlite3.connect(_db(e)) as conn:
+        conn.execute("DELETE FROM receipt_signatures WHERE receipt_seq = ?", (seq,))
+        conn.executemany("INSERT INTO receipt_signatures VALUES (?, ?, ?)", [(seq, k, s) for k, s in rows])
+
+
+def test_the_audit_checks_who_signed_every_receipt_of_the_experiment(experiment: dict[str, Any]) -> None:
+    """Every receipt of the experiment is signed by the operator key the main job registered, and the audit says so:
+    with --require-signatures it passes, and the count is the experiment's."""
+    result = runner.invoke(app, ["audit", "--db", _db(experiment), "--no-record", "--json", "--require-signatures"])
+    assert result.exit_code == 0, result.output
+    signatures = json.loads(result.stdout)["signatures"]
+    with sqlite3.connect(_db(experiment)) as conn:
+        (count,) = conn.execute("SELECT COUNT(*) FROM receipts WHERE prepared = (SELECT prepared FROM receipts "
+                                "WHERE kind = 'prepare' ORDER BY seq DESC LIMIT 1)").fetchone()
+    assert signatures["checked"] == count and signatures["unsigned"] == 0
+    ((label, signed),) = signatures["signed"].items()
+    assert label.startswith("operator+") and signed == count
+    text = runner.invoke(app, ["audit", "--db", _db(experiment), "--no-record"])
+    assert text.exit_code == 0 and f"signatures: {count} receipt(s) signed by {label}" in text.stdout
+
+
+def test_a_forged_signature_fails_the_audit(experiment: dict[str, Any]) -> None:
+    """A keeper who rewrites a signature (or a receipt, its id and chain recomputed, and its signature with it) has
+    no registered key to sign with: the audit fails, naming the receipt."""
+    seq, rid, rows = _signed_checkpoint(experiment)
+    try:
+        _put_signatures(experiment, seq, [(k, bytes([s[0] ^ 1]) + s[1:]) for k, s in rows])
+        result = runner.invoke(app, ["audit", "--db", _db(experiment), "--no-record"])
+        assert result.exit_code == 1, result.output
+        assert rid in result.stderr and "signature" in result.stderr and result.stderr.count("\n") == 1
+    finally:
+        _put_signatures(experiment, seq, rows)
+
+
+def test_an_unsigned_receipt_is_counted_and_fails_only_when_signatures_are_required(
+        experiment: dict[str, Any]) -> None:
+    seq, rid, rows = _signed_checkpoint(experiment)
+    try:
+        _put_signatures(experiment, seq, [])
+        result = runner.invoke(app, ["audit", "--db", _db(experiment), "--no-record"])
+        assert result.exit_code == 0, result.output
+        assert f"signatures: 1 receipt(s) unsigned (first {rid})" in result.stdout
+        result = runner.invoke(app, ["audit", "--db", _db(experiment), "--no-record", "--require-signatures"])
+        assert result.exit_code == 1 and rid in result.stderr and "not signed" in result.stderr, result.output
+    finally:
+        _put_signatures(experiment, seq, rows)
+    assert runner.invoke(app, ["audit", "--db", _db(experiment), "--no-record", "--require-signatures"]).exit_code == 0
