@@ -107,13 +107,31 @@ class TensorEntry:
         return DTYPE_SIZES[self.dtype]
 
 
-def sniff_pickle(head: bytes) -> str | None:
-    """'zip' or 'pickle' when ``head`` starts like a torch/pickle file, else None."""
+# Pickle protocols 0 and 1 have no header: a stream opening with one of their usual first opcodes (MARK, an empty
+# dict, list or tuple, GLOBAL, NONE or a scalar) and ending with STOP is called one. Only where the bytes are
+# refused anyway: this names what they are, it decides nothing.
+_OLD_PICKLE_FIRST: Final = frozenset(b"(}])cNILFSVXUTJKMG")
+
+
+def sniff_pickle(head: bytes, tail: bytes = b"") -> str | None:
+    """'zip' or 'pickle' when ``head`` (the first bytes) starts like a torch/pickle file, or with ``tail`` (the last
+    ones), like a pickle of protocol 0 or 1; else None."""
     if head.startswith(b"PK\x03\x04"):
         return "zip"
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return "pickle"
+    if tail.endswith(b".") and head[:1] and head[0] in _OLD_PICKLE_FIRST:
+        return "pickle"
     return None
+
+
+def _last_byte(f: Any) -> bytes:
+    """The last byte of the open file ``f`` (b"" when empty); its position is left at the end."""
+    size = os.fstat(f.fileno()).st_size
+    if not size:
+        return b""
+    f.seek(size - 1)
+    return bytes(f.read(1))
 
 
 def _refuse_pickle(path: Path, kind: str) -> UnsafeFile:
@@ -145,16 +163,17 @@ class SafetensorsFile:
             self.size = os.fstat(f.fileno()).st_size
             head = f.read(9)
             if len(head) < 8:
-                kind = sniff_pickle(head)
+                kind = sniff_pickle(head, head)
                 raise _refuse_pickle(self.path, kind) if kind else self._bad(
                     f"truncated: {self.size} bytes, shorter than the 8-byte header length")
             (n,) = struct.unpack("<Q", head[:8])
             fits = 2 <= n <= MAX_HEADER and 8 + n <= self.size
             # A pickle's first bytes can also read as a small header length; only a header that does not fit
             # or does not open a JSON object makes the file a pickle rather than a damaged safetensors file.
-            kind = sniff_pickle(head)
-            if kind and not (fits and head[8:9] == b"{"):
-                raise _refuse_pickle(self.path, kind)
+            if not (fits and head[8:9] == b"{"):
+                kind = sniff_pickle(head, _last_byte(f))
+                if kind:
+                    raise _refuse_pickle(self.path, kind)
             if not fits:
                 raise self._bad(f"header length {n} runs past the end of the file ({self.size} bytes)")
             f.seek(8)
@@ -525,7 +544,7 @@ def _unexpected(root: Path, name: str, why: str) -> UnsafeFile:
     if why == "file":  # a regular file (scan_checkpoint checked): sniff it, so a pickle is called one
         try:
             with os.fdopen(digests.open_regular(p, follow_symlinks=False), "rb") as f:
-                kind = sniff_pickle(f.read(4))
+                kind = sniff_pickle(f.read(4), _last_byte(f))
         except (OSError, UnsafeFile):
             kind = None
     if kind:
@@ -612,7 +631,7 @@ def component_of_file(path: Path) -> str:
 
 def _read_scalars(path: Path) -> tuple[bytes, dict[str, Any]]:
     data = digests.read_regular(path, follow_symlinks=False)
-    kind = sniff_pickle(data[:4])
+    kind = sniff_pickle(data[:4], data[-1:])
     if kind:
         raise _refuse_pickle(path, kind)
     try:
@@ -679,7 +698,7 @@ def _open(path: Path, require_manifest: bool, prehashed: Mapping[str, str] | Non
     # a valid header length may begin like a pickle), and anything else not named .safetensors.
     if path.suffix != ".safetensors":
         with os.fdopen(digests.open_regular(path), "rb") as f:  # a FIFO or a device is refused unopened
-            kind = sniff_pickle(f.read(4))
+            kind = sniff_pickle(f.read(4), _last_byte(f))
         if kind:
             raise _refuse_pickle(path, kind)
         raise UnsafeFile(str(path), "not a .safetensors file or a checkpoint directory")

@@ -114,5 +114,7 @@ def pickle_payloads(tmp: Path, marker: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(zpath, "w") as z:  # torch.save's layout: archive/data.pkl inside a zip
         z.writestr("archive/data.pkl", plain)
         z.writestr("archive/version", "3\n")
-    return {"pickle": plain, "zip": zpath.read_bytes()}
+    # protocols 0 and 1 have no header (their first byte is an opcode, their last STOP)
+    old = {f"pickle{n}": pickle.dumps({"weight": Marker(marker)}, protocol=n) for n in (0, 1)}
+    return {"pickle": plain, "zip": zpath.read_bytes(), **old}
 

@@ -294,14 +294,15 @@ def test_a_pickle_header_length_does_not_hide_a_valid_file(tmp_path: Path) -> No
     assert read_state(f).components["model"].tensors[name].data == digests.raw_digest(b"\7")
 
 
-def test_pickle_payload_is_real(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["pickle", "pickle0", "pickle1"])
+def test_pickle_payload_is_real(tmp_path: Path, kind: str) -> None:
     """The canary works: unpickling the payload (here, deliberately, in the test) does create the marker."""
     marker = tmp_path / "canary"
-    pickle.loads(pickle_payloads(tmp_path, marker)["pickle"])  # noqa: S301 - the test's own bytes
+    pickle.loads(pickle_payloads(tmp_path, marker)[kind])  # noqa: S301 - the test's own bytes
     assert marker.exists()
 
 
-@pytest.mark.parametrize("kind", ["pickle", "zip"])
+@pytest.mark.parametrize("kind", ["pickle", "zip", "pickle0", "pickle1"])
 @pytest.mark.parametrize("name", ["model.pt", "model.safetensors"])
 def test_pickle_and_torch_files_are_refused_and_never_unpickled(tmp_path: Path, kind: str, name: str) -> None:
     marker = tmp_path / "MARKER"
