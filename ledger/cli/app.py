@@ -42,7 +42,8 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
                "artifact digests and who signed each receipt; with --head, that the ledger extends that head and "
                "includes them (without an id: every receipt of the ledger); with --in-toto, an exported attestation."),
     "audit": ("verifying", "Verify every receipt an experiment's report draws on, recompute the report (training, "
-              "recovery, learning, contracts, settlement) from the ledger and artifacts, and record it."),
+              "recovery, learning, contracts, settlement) from the ledger and artifacts, check who signed the "
+              "experiment's receipts, and record it."),
     "report": ("verifying", "Audit the experiment (every receipt verified, the report recomputed) and render the "
                "report as one self-contained HTML page; with --record its digest goes into a `report` receipt that "
                "`ledger verify` renders again."),
