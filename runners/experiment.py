@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.artifacts import ArtifactStore, workdir_root
+from ledger.database import resolve_url
 from ledger.experiment.config import ARMS
 from ledger.store import ENV_SIGNING_KEY, Store
 from ledger.transparency import export_head, operator_key_path, operator_setup
@@ -65,6 +66,7 @@ def run_experiment(workdir: Path, db: str, config: Path | None, *, on_step: Call
     """The whole experiment (see :func:`_experiment`), every receipt signed by the operator key
     ``<workdir>/keys/operator.key`` (created and registered first): in this process and in every rank and replica
     it starts, through ``$LEDGER_SIGNING_KEY`` (docs/transparency.md)."""
+    resolve_url(db)  # a database named wrongly (an empty --db) fails before the work directory and its key are made
     workdir.mkdir(parents=True, exist_ok=True)
     signer = operator_setup(workdir, db)
     previous = os.environ.get(ENV_SIGNING_KEY)

@@ -399,5 +399,8 @@ def test_an_empty_db_option_is_refused_and_an_empty_environment_variable_is_unse
     monkeypatch.chdir(tmp_path)
     for args in (["log", "--db", ""], ["db", "current", "--db", ""], ["audit", "--no-record", "--db", ""]):
         assert "the ledger database is empty" in fails(2, *args)
+    assert "the ledger database is empty" in fails(2, "run", "experiment", "--workdir", str(tmp_path / "exp"),
+                                                    "--db", "")
+    assert not (tmp_path / "exp").exists()  # refused before its work directory or its operator key is made
     monkeypatch.setenv("LEDGER_DB", "")
     assert f"no ledger at {tmp_path / 'ledger.db'}" in fails(4, "log")  # the default file, absent here
