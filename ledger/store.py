@@ -94,7 +94,8 @@ _COLS = ", ".join(f"r.{c}" for c in ROW_COLUMNS)  # the same columns where a joi
 _ROWS_AFTER = f"{SELECT_ROWS} WHERE seq > ? ORDER BY seq LIMIT ?"
 _SEQ = operator.attrgetter("seq")
 _ROWS_AFTER_UP_TO = f"{SELECT_ROWS} WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"
-_EXPERIMENT_SPAN = "SELECT MIN(seq), MAX(seq), COUNT(*) FROM receipts WHERE prepared = ?"
+# An experiment's seq range and count, by its rows' prepared column (its index); the audit's readers share it.
+EXPERIMENT_SPAN = "SELECT MIN(seq), MAX(seq), COUNT(*) FROM receipts WHERE prepared = ?"
 _ROW_BY_ID = f"{SELECT_ROWS} WHERE id = ?"
 _SELECT_IDS = f"SELECT id FROM receipts WHERE id >= ? AND id < ? ORDER BY id LIMIT {MATCHES}"
 
@@ -846,7 +847,7 @@ class Store:
         after another) is read as that range of the primary key, other receipts' rows in it left out here: a row
         costs about what reading it does. Otherwise the ids are listed first and their rows read by id."""
         with self.reading() as reads:
-            first, last, count = reads.all(_EXPERIMENT_SPAN, (prepared,))[0]
+            first, last, count = reads.all(EXPERIMENT_SPAN, (prepared,))[0]
         if not count:
             return
         if last - first >= 2 * count:

@@ -105,9 +105,11 @@ class ApiError(Exception):
         self.type = type
         self.headers = dict(headers or {})
 
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def _is_int(v: object) -> bool:
@@ -759,8 +761,7 @@ def _deadline_protocol(timeout: float, base: type[asyncio.Protocol] | None = Non
             """Bytes that are not an HTTP request (uvicorn answers them in text/plain, then closes): the same 400 and
             close, in OpenAI's shape like every other error of this server. Written directly: the parser's state is
             an error already."""
-            body = json.dumps({"error": {"message": f"malformed HTTP request: {msg}", "type": "invalid_request_error",
-                                         "param": None, "code": "malformed_http"}}).encode()
+            body = json.dumps(ApiError(400, f"malformed HTTP request: {msg}", code="malformed_http").body()).encode()
             head = [b"HTTP/1.1 400 Bad Request\r\n"]
             head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
             head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
@@ -807,12 +808,12 @@ def serve_replica(spec: ReplicaSpec, *, host: str = "127.0.0.1", port: int = 0, 
     except OSError as exc:
         raise InputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     try:
+        endpoint = endpoint_of(sock)
         if listening is not None:
-            listening(endpoint_of(sock))
+            listening(endpoint)
         if ready_file is not None:
             tmp = Path(f"{ready_file}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps({"endpoint": endpoint_of(sock), "pid": os.getpid(),
-                                       "model_digest": loaded.model_digest}))
+            tmp.write_text(json.dumps({"endpoint": endpoint, "pid": os.getpid(), "model_digest": loaded.model_digest}))
             os.replace(tmp, ready_file)
         uvicorn_server(app, log_level=log_level).run(sockets=[sock])
     finally:

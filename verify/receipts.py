@@ -490,7 +490,7 @@ def _prepares(r: Receipt, known: _Known) -> tuple[str, ...]:
         first = prepares[parents[0]]  # one parent, or parents of the same prepares: that tuple
         if len(parents) == 1 or all(prepares[p] == first for p in parents[1:]):
             return first
-    found = {x for p in r.parents for x in known.prepares[p]}
+    found = {x for p in parents for x in prepares[p]}
     if r.kind == "prepare":
         found.add(r.id)
     return tuple(sorted(found, key=known.seqs.__getitem__))

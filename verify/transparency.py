@@ -45,7 +45,7 @@ from ledger.reads import Reads, marks, scalar, stored_bytes
 from ledger.receipts import Receipt
 from ledger.revocation import Revocation, all_revocations
 from ledger.signing import ReceiptSignature, verify_receipt_signature
-from ledger.store import Store
+from ledger.store import EXPERIMENT_SPAN, Store
 from ledger.tlog import LeafSignature, LogCorrupt
 from ledger.transparency import (
     PREDICATE_TYPE,
@@ -286,6 +286,14 @@ class _Signatures:
             self.check(rid, leaf, s)
             report.signed[s.key] = report.signed.get(s.key, 0) + 1
 
+    def check_logged(self, entry: tlog.LogEntry, leaf: int, report: SignatureReport, require: bool,
+                     stored: bytes | None = None) -> None:
+        """:meth:`check_leaf`, then the leaf itself: it must recompute from the receipt's id and these signatures
+        (none added, removed or swapped since it was logged). The signatures first: a signature row replaced after
+        logging is named as the bad signature it is. ``stored``: the leaf's stored hash, if read already."""
+        self.check_leaf(entry.receipt, leaf, entry.signatures, report, require)
+        _check_stored_leaf(self.conn, entry.receipt, leaf, entry.seq, entry, stored)
+
 
 def checked_revocations(store: Store, keys: Mapping[str, RegisteredKey] | None = None) -> dict[str, Revocation]:
     """The ledger's revocations (ledger/revocation.py), each checked in log order: signed, and every signature by
@@ -317,32 +325,32 @@ def check_signatures(store: Store, receipts: Iterable[str] | None = None, *, req
     must still match its id and signatures (a receipt rewritten after it was logged fails here even without a
     head). With ``require`` an unsigned receipt fails. The ledger's revocations are checked first, whichever
     receipts are asked for (:func:`checked_revocations`)."""
-    keys = registered_keys(store)
-    revoked = checked_revocations(store, keys)
-    report = SignatureReport(keys=keys, revoked=revoked)
+    report = _signature_report(store)
     with store.reading() as conn:
-        signatures = _Signatures(conn, keys, revoked)
+        signatures = _Signatures(conn, report.keys, report.revoked)
         if receipts is None:
             for row in iter_logged(conn, bodies=False):
                 if row.receipt is None:
                     continue  # a missing row is the integrity checks' (and a head's) to report
-                # The signatures first: a signature row replaced after logging is named as the bad signature it is.
-                signatures.check_leaf(row.receipt, row.leaf_index, row.signatures, report, require)
-                _check_stored_leaf(conn, row.receipt, row.leaf_index, row.seq,
-                                   tlog.LogEntry(row.seq, row.receipt, row.signatures), row.stored_hash)
+                signatures.check_logged(tlog.LogEntry(row.seq, row.receipt, row.signatures), row.leaf_index, report,
+                                        require, row.stored_hash)
             for seq, rid in unlogged_receipts(conn):
                 raise NotInLog(rid, seq)
             return report
         for rid in receipts:
             index, entry = leaf_of(conn, rid)
-            signatures.check_leaf(rid, index, entry.signatures, report, require)
-            _check_stored_leaf(conn, rid, index, entry.seq, entry, None)
+            signatures.check_logged(entry, index, report, require)
     return report
 
 
-# An experiment's seq range and count (its rows' prepared column, by their index); the signed receipts in a seq
-# range, with their leaves (read from the signatures' primary key: only signed rows are met); rows in a seq range.
-_EXPERIMENT_SPAN = "SELECT MIN(seq), MAX(seq), COUNT(*) FROM receipts WHERE prepared = ?"
+def _signature_report(store: Store) -> SignatureReport:
+    """An empty report over the ledger's keys and its revocations, those checked first (:func:`checked_revocations`)."""
+    keys = registered_keys(store)
+    return SignatureReport(keys=keys, revoked=checked_revocations(store, keys))
+
+
+# The signed receipts in a seq range, with their leaves (read from the signatures' primary key: only signed rows are
+# met); rows in a seq range.
 _SIGNED_IN_SPAN = ("SELECT s.receipt_seq, r.id, r.prepared, l.leaf_index, s.key, s.signature "
                    "FROM receipt_signatures s JOIN receipts r ON r.seq = s.receipt_seq "
                    "LEFT OUTER JOIN log_leaves l ON l.receipt_seq = s.receipt_seq "
@@ -356,14 +364,12 @@ def check_experiment_signatures(store: Store, prepared: str, *, require: bool = 
     the first named (with ``require`` it fails). Only signed rows are read one by one, so that a ledger with many
     more unsigned receipts costs little more than counting them; the leaves of unsigned receipts, which sign
     nothing, are checked against a head by ``ledger verify --head``."""
-    keys = registered_keys(store)
-    revoked = checked_revocations(store, keys)
-    report = SignatureReport(keys=keys, revoked=revoked)
+    report = _signature_report(store)
     with store.reading() as conn:
-        lo, hi, total = conn.all(_EXPERIMENT_SPAN, (prepared,))[0]
+        lo, hi, total = conn.all(EXPERIMENT_SPAN, (prepared,))[0]
         if not total:
             return report
-        signatures = _Signatures(conn, keys, revoked)
+        signatures = _Signatures(conn, report.keys, report.revoked)
         signed: dict[int, tuple[str, int | None, list[LeafSignature]]] = {}
         for seq, rid, column, leaf, key, sig in conn.all(_SIGNED_IN_SPAN, (lo, hi)):
             if column == prepared:
@@ -371,10 +377,8 @@ def check_experiment_signatures(store: Store, prepared: str, *, require: bool = 
         for seq, (rid, leaf, sigs) in signed.items():
             if leaf is None:
                 raise NotInLog(rid, seq)
-            mine = tuple(tlog.in_key_order(sigs))
-            signatures.check_leaf(rid, int(leaf), mine, report, require)
-            # ... and they are the signatures its leaf committed to (none added or swapped since)
-            _check_stored_leaf(conn, rid, int(leaf), seq, tlog.LogEntry(seq, rid, mine), None)
+            signatures.check_logged(tlog.LogEntry(seq, rid, tuple(tlog.in_key_order(sigs))), int(leaf), report,
+                                    require)
         report.checked = int(total)
         if total > len(signed):
             first = _first_unsigned(conn, prepared, lo - 1, hi, signed)
