@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -111,12 +111,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Served:
 
 
 class ThreadedServer:
-    """A real uvicorn server in a thread of this process, on a kernel-chosen loopback port."""
+    """A real uvicorn server in a thread of this process, on a kernel-chosen loopback port; ``server_for`` makes the
+    server for the app (the replica's own, by default)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, server_for: Callable[[Any], Any] = uvicorn_server) -> None:
         self.sock = bind("127.0.0.1", 0)
         self.endpoint = endpoint_of(self.sock)
-        self.server = uvicorn_server(app)
+        self.server = server_for(app)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> ThreadedServer:
@@ -479,17 +480,9 @@ def test_a_connection_whose_request_does_not_arrive_is_closed(served: Served) ->
     import socket
     from urllib.parse import urlparse
 
-    sock = bind("127.0.0.1", 0)
-    endpoint = endpoint_of(sock)
-    server = uvicorn_server(app_for(served.loaded, served.spec), request_timeout=0.5)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        url = urlparse(endpoint)
-        for _ in range(100):
-            if server.started:
-                break
-            time.sleep(0.05)
+    app = app_for(served.loaded, served.spec)
+    with ThreadedServer(app, lambda a: uvicorn_server(a, request_timeout=0.5)) as server:
+        url = urlparse(server.endpoint)
         silent = socket.create_connection((url.hostname, url.port))
         slow = socket.create_connection((url.hostname, url.port))
         slow.sendall(b"GET /health HTTP/1.1\r\n")  # the headers never end
@@ -497,13 +490,9 @@ def test_a_connection_whose_request_does_not_arrive_is_closed(served: Served) ->
         slow.settimeout(5)
         assert silent.recv(1) == b"" and slow.recv(1) == b""  # closed by the server, well before 5 s
         with httpx.Client(trust_env=False, timeout=30) as c:
-            assert c.get(f"{endpoint}/health").status_code == 200
+            assert c.get(f"{server.endpoint}/health").status_code == 200
         silent.close()
         slow.close()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
@@ -520,18 +509,13 @@ def test_bytes_that_are_not_http_get_a_400_in_openais_shape(served: Served, pars
     from runners.serve import _deadline_protocol
 
     base = {"httptools": HttpToolsProtocol, "h11": H11Protocol}[parser]
-    sock = bind("127.0.0.1", 0)
-    endpoint = endpoint_of(sock)
-    config = uvicorn.Config(app_for(served.loaded, served.spec), log_level="warning", access_log=False,
-                            lifespan="on", http=_deadline_protocol(5.0, base))
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        for _ in range(200):
-            if server.started:
-                break
-            time.sleep(0.05)
+
+    def server_for(app: Any) -> Any:
+        return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                             http=_deadline_protocol(5.0, base)))
+
+    with ThreadedServer(app_for(served.loaded, served.spec), server_for) as server:
+        endpoint = server.endpoint
         url = urlparse(endpoint)
         for garbage in (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # a TLS ClientHello's first bytes
                         b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"):
@@ -549,7 +533,3 @@ def test_bytes_that_are_not_http_get_a_400_in_openais_shape(served: Served, pars
             assert error["message"].startswith("malformed HTTP request: ") and error["param"] is None
         with httpx.Client(trust_env=False, timeout=30) as c:
             assert c.get(f"{endpoint}/health").status_code == 200
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
