@@ -22,7 +22,7 @@ from ledger.database import (
     BUSY_TIMEOUT_S,
     failure,
 )
-from ledger.errors import AmbiguousReceipt, InputError, MalformedDigest, StoredBodyInvalid, UnknownReceipt
+from ledger.errors import AmbiguousReceipt, InputError, StoredBodyInvalid, UnknownReceipt
 from ledger.receipts import Receipt
 
 if TYPE_CHECKING:
@@ -98,19 +98,18 @@ def parsed(row: StoredRow) -> Stored:
 
 
 def id_range(ref: str) -> tuple[str, str]:
-    """The ids a reference may name, ``[lo, hi)``: one full id (``blake3:<64 hex>``) or every id starting with a hex
-    prefix of at least MIN_PREFIX digits; anything else is refused here, before a query."""
+    """The ids a reference may name, ``[lo, hi)``: every id whose hex part starts with the reference's, at least
+    MIN_PREFIX digits and at most 64 (64: one full id), written bare (``61abc5``, any case) or after ``blake3:`` (in
+    lowercase, as ids are printed: ``ledger log`` and the error messages show ``blake3:`` and a prefix, and what the
+    tool prints it takes back); anything else is refused here, before a query. Surrounding blanks are ignored."""
     ref = ref.strip()
-    if ref.startswith("blake3:"):
-        hexpart = ref.removeprefix("blake3:")
-        if len(hexpart) != 64 or not _HEX_RE.fullmatch(hexpart):
-            raise MalformedDigest("receipt id", ref)
-    else:
-        hexpart = ref.lower()
-        if not _HEX_RE.fullmatch(hexpart) or len(hexpart) > 64:
-            raise InputError(f"receipt reference {ref!r} is neither blake3:<64 hex> nor a hex prefix")
-        if len(hexpart) < MIN_PREFIX:
-            raise InputError(f"receipt prefix {ref!r} is too short: give at least {MIN_PREFIX} hex digits")
+    full = ref.startswith("blake3:")
+    hexpart = ref.removeprefix("blake3:") if full else ref.lower()
+    if not _HEX_RE.fullmatch(hexpart) or len(hexpart) > 64:
+        raise InputError(f"receipt reference {ref!r} is neither an id nor a prefix of one: give blake3:<hex> (in "
+                         f"lowercase) or <hex>, {MIN_PREFIX} to 64 digits")
+    if len(hexpart) < MIN_PREFIX:
+        raise InputError(f"receipt prefix {ref!r} is too short: give at least {MIN_PREFIX} hex digits")
     lo = "blake3:" + hexpart
     return lo, lo + "g"  # "g" sorts after every hex digit
 

@@ -21,7 +21,6 @@ from ledger.errors import (
     AmbiguousReceipt,
     DatabaseError,
     InputError,
-    MalformedDigest,
     SchemaOutOfDate,
     UnknownReceipt,
     UnknownSchema,
@@ -93,7 +92,8 @@ def _errors_alike(db: Path, ref: str, error: type[Exception]) -> None:
 def test_the_same_errors_as_through_the_engine(ledger: tuple[Path, list[Receipt]]) -> None:
     db, _ = ledger
     _errors_alike(db, "blake3:" + "0" * 64, UnknownReceipt)
-    _errors_alike(db, "blake3:" + "0" * 63, MalformedDigest)
+    _errors_alike(db, "blake3:" + "0" * 63, UnknownReceipt)
+    _errors_alike(db, "blake3:" + "0" * 65, InputError)
     _errors_alike(db, "abc", InputError)
     _errors_alike(db, "xyz123", InputError)
 
