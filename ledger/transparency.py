@@ -21,6 +21,7 @@ import base64
 import hashlib
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from ledger.rules import KEY_FORMAT, KEY_REVOCATION_FORMAT
 from ledger.signing import ReceiptSignature, generate_key, load_private_key, load_public_key, save_private_key
 from ledger.store import Store, Stored
 from ledger.tlog import LeafSignature, LogCorrupt
+from ledger.transparency_errors import KeyDirectoryExposed
 
 if TYPE_CHECKING:
     from ledger import dsse
@@ -116,10 +118,15 @@ def key_path(name: str, directory: str | os.PathLike[str] | None = None) -> Path
 
 def create_key(name: str, directory: str | os.PathLike[str] | None = None, *, witness: bool = False
                ) -> tuple[note.Signer, Path]:
-    """A new Ed25519 key in a new 0600 file (an existing one is never replaced: FileExistsError). ``witness``
-    makes a cosignature/v1 key (a witness's), which cannot sign receipts or log heads."""
+    """A new Ed25519 key in a new 0600 file (an existing one is never replaced: FileExistsError), in a directory
+    made 0700 if new; an existing one that group or others may write to is refused (KeyDirectoryExposed), the way
+    the key files themselves are. ``witness`` makes a cosignature/v1 key (a witness's), which cannot sign receipts or
+    log heads."""
     path = key_path(name, directory)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = stat.S_IMODE(path.parent.stat().st_mode)
+    if mode & 0o022:
+        raise KeyDirectoryExposed(os.fspath(path.parent), mode=mode)
     signer = note.Signer.generate(name, note.ALG_COSIGNATURE_V1) if witness else generate_key(name)
     return signer, save_private_key(signer, path)
 

@@ -124,6 +124,18 @@ class KeyFileExposed(UnsafeFile):
         self.mode = mode
 
 
+class KeyDirectoryExposed(UnsafeFile):
+    """A key directory that group or others may write to: a new private key is not written there (they could
+    remove or replace its keys)."""
+
+    def __init__(self, path: str, *, mode: int) -> None:
+        super().__init__(path, f"key directory has mode {mode:04o}; group or others may write to it and so remove or "
+                               f"replace its keys (run `chmod 700 {path}`)")
+        self.expected = "no write access for group or others"
+        self.actual = f"{mode:04o}"
+        self.mode = mode
+
+
 class LogOriginMismatch(VerificationError):
     """A checkpoint from another log than the one expected."""
 

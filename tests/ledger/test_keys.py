@@ -21,7 +21,7 @@ from ledger.receipts import make_receipt
 from ledger.rules import KEY_FORMAT
 from ledger.signing import generate_key, load_private_key
 from ledger.store import Store
-from ledger.transparency_errors import KeyFileExposed, MalformedKey
+from ledger.transparency_errors import KeyDirectoryExposed, KeyFileExposed, MalformedKey
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -200,3 +200,20 @@ def test_keys_list_shows_every_good_key_beside_a_bad_file(tmp_path: Path) -> Non
     (keys / "open.key").unlink()
     code, stdout, _ = cli("keys", "list", "--dir", str(keys), "--json")
     assert code == 0 and json.loads(stdout)["unusable"] == []
+
+
+def test_a_key_directory_others_may_write_to_is_refused(tmp_path: Path) -> None:
+    """A new key is not written where group or others could remove or replace it; the directory is left as it was."""
+    keys = tmp_path / "shared"
+    keys.mkdir()
+    for mode in (0o777, 0o1777, 0o720, 0o702):
+        keys.chmod(mode)
+        with pytest.raises(KeyDirectoryExposed) as info:
+            tp.create_key("alice", keys)
+        assert info.value.actual == f"{mode:04o}" and stat.S_IMODE(keys.stat().st_mode) == mode
+        assert not (keys / "alice.key").exists()
+    code, _, stderr = cli("keys", "new", "alice", "--dir", str(keys))
+    assert code == 2 and stderr.count("\n") == 1 and "chmod 700" in stderr and "mode 0702" in stderr
+    keys.chmod(0o755)  # readable by others is fine: the key files themselves are 0600
+    tp.create_key("alice", keys)
+    assert stat.S_IMODE((keys / "alice.key").stat().st_mode) == 0o600
