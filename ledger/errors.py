@@ -7,6 +7,7 @@ Exit codes (documented in docs/cli.md and the README):
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -34,6 +35,15 @@ def printable(text: str, *, lines: bool = False) -> str:
     tensor name read from a file, a message quoting one, shows as what it is and cannot move the cursor or recolour
     the screen. ``lines`` keeps newlines and tabs (text laid out in lines on purpose)."""
     return (_UNPRINTABLE_BUT_LINES if lines else _UNPRINTABLE).sub(_escape, text)
+
+
+def os_error_line(exc: OSError, path: object = None) -> str:
+    """An operating-system error as one printable line: what failed and on which file(s) (``path`` when the error
+    names none), e.g. ``Permission denied: /keys/a.key``."""
+    names = [printable(os.fspath(n) if isinstance(n, os.PathLike) else str(n))  # a newline in a name shows as \n
+             for n in (exc.filename if exc.filename is not None else path, exc.filename2) if n is not None]
+    what = printable(" ".join(str(exc.strerror or exc).split()))
+    return f"{what}: {' -> '.join(names)}" if names else what
 
 
 class LedgerError(Exception):

@@ -40,6 +40,7 @@ from ledger.errors import (
     RecordMismatch,
     UnknownReceipt,
     VerificationError,
+    os_error_line,
 )
 from ledger.reads import Reads, stored_bytes
 from ledger.receipts import Kind, Receipt, make_receipt
@@ -150,7 +151,7 @@ class UnusableKeyFile:
     @property
     def problem(self) -> str:
         e = self.error
-        return e.one_line() if isinstance(e, LedgerError) else f"{e.strerror or e}: {e.filename or self.path}"
+        return e.one_line() if isinstance(e, LedgerError) else os_error_line(e, self.path)
 
 
 def list_keys(directory: str | os.PathLike[str] | None = None) -> tuple[list[KeyFile], list[UnusableKeyFile]]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from ledger.errors import EXIT_DATABASE, EXIT_USAGE, LedgerError, printable
+from ledger.errors import EXIT_DATABASE, EXIT_USAGE, LedgerError, os_error_line, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -73,7 +73,7 @@ class ErrorMappingGroup(TyperGroup):
         except OSError as exc:
             if os.environ.get(ENV_DEBUG):
                 raise
-            typer.echo(f"ledger: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+            typer.echo(f"ledger: error: {os_error_line(exc)}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
         except RecursionError:  # a hostile body nested beyond any reader's stack
             if os.environ.get(ENV_DEBUG):
