@@ -285,6 +285,9 @@ def test_an_id_cut_short_is_a_prefix(sqlite_store: Store) -> None:
         assert info.value.exit_code == 2
     with pytest.raises(InputError, match="too short: give at least 4 hex digits"):
         sqlite_store.resolve(r.id[:10])
+    with pytest.raises(InputError) as info:  # a reference of any length is shown in a bounded line
+        sqlite_store.resolve(r.id + "0" * 1_000_000)
+    assert len(info.value.one_line()) < 250 and "(1,000,071 characters)" in info.value.one_line()
 
 
 def test_unknown_reference(store: Store) -> None:
