@@ -282,7 +282,7 @@ def test_ambiguous_prefix(ledger_url: str) -> None:
 def test_truncated_hex(sqlite_chain_db: tuple[str | Path, ReceiptChain]) -> None:
     db, c = sqlite_chain_db
     for command in ("show", "verify"):  # an id cut short, as `ledger log` prints it, is a prefix
-        assert c.eval.id in runner.invoke(app, [command, c.eval.id[:23], "--db", str(db), "--json"]).stdout
+        assert c.eval.id in ok(command, c.eval.id[:23], "--db", db, "--json").stdout
         assert "neither an id nor a prefix" in fails(2, command, c.eval.id + "0", "--db", db)
     assert "too short" in fails(2, "show", c.eval.id[7:9], "--db", db)
     assert "too short" in fails(2, "show", c.eval.id[:9], "--db", db)
