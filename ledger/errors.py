@@ -46,6 +46,12 @@ def os_error_line(exc: OSError, path: object = None) -> str:
     return f"{what}: {' -> '.join(names)}" if names else what
 
 
+def quoted(value: str, limit: int = 80) -> str:
+    """A value the user gave, quoted for an error line: its repr, or at most ``limit`` - 9 characters of it and its
+    length (a megabyte pasted by mistake is not a megabyte of error line)."""
+    return repr(value) if len(value) <= limit else f"{value[:limit - 9]!r}... ({len(value):,} characters)"
+
+
 class LedgerError(Exception):
     """Base of every error the library raises on purpose."""
 

@@ -169,6 +169,8 @@ class Verifier:
     @classmethod
     def from_key(cls, vkey: str) -> Verifier:
         """Parse a verifier key string; its key id must match the name and key."""
+        if vkey.strip().startswith("PRIVATE+KEY+"):  # never echoed: the secret half given where the public one goes
+            raise MalformedKey("a private (signer) key, not a verifier key: give its public half (ledger keys export)")
         parts = vkey.strip().split("+", 2)
         if len(parts) != 3 or not re.fullmatch(r"[0-9a-f]{8}", parts[1]):
             raise MalformedKey("a verifier key is name+<8 hex digits>+base64", actual=vkey[:80])

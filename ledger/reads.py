@@ -22,7 +22,7 @@ from ledger.database import (
     BUSY_TIMEOUT_S,
     failure,
 )
-from ledger.errors import AmbiguousReceipt, InputError, StoredBodyInvalid, UnknownReceipt
+from ledger.errors import AmbiguousReceipt, InputError, StoredBodyInvalid, UnknownReceipt, quoted
 from ledger.receipts import Receipt
 
 if TYPE_CHECKING:
@@ -106,8 +106,7 @@ def id_range(ref: str) -> tuple[str, str]:
     full = ref.startswith("blake3:")
     hexpart = ref.removeprefix("blake3:") if full else ref.lower()
     if not _HEX_RE.fullmatch(hexpart) or len(hexpart) > 64:
-        shown = repr(ref) if len(ref) <= 80 else f"{ref[:71]!r}... ({len(ref):,} characters)"  # one line, any input
-        raise InputError(f"receipt reference {shown} is neither an id nor a prefix of one: give blake3:<hex> (in "
+        raise InputError(f"receipt reference {quoted(ref)} is neither an id nor a prefix of one: give blake3:<hex> (in "
                          f"lowercase) or <hex>, {MIN_PREFIX} to 64 digits")
     if len(hexpart) < MIN_PREFIX:
         raise InputError(f"receipt prefix {ref!r} is too short: give at least {MIN_PREFIX} hex digits")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger import digests
+from ledger.errors import quoted
 from ledger.note import ALG_ED25519, Signer, Verifier, ed25519_public_key, ed25519_verify
 from ledger.transparency_errors import KeyFileExposed, MalformedKey, SignatureInvalid, UnknownKey
 
@@ -69,19 +70,26 @@ def save_private_key(signer: Signer, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load_private_key(path: str | os.PathLike[str]) -> Signer:
-    """Read a key file written by :func:`save_private_key`; refuse it if group or others have any access."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO cannot block the open
+KEY_FILE_MAX = 4096  # bytes: a key line is under 200; a larger file is not a key file, and is not read whole
+
+
+def _key_line(path: str | os.PathLike[str], *, private: bool) -> str:
+    """The one line of a key file: a regular file (a FIFO cannot block the open) of at most KEY_FILE_MAX ASCII bytes
+    holding one non-empty line (a final LF allowed). A private key's file is refused if group or others have any
+    access to it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)  # the mode of what was opened, not of a path that could be swapped meanwhile
         if not stat.S_ISREG(st.st_mode):
             raise MalformedKey(f"{os.fspath(path)} is not a regular file")
-        if st.st_mode & 0o077:
+        if private and st.st_mode & 0o077:
             raise KeyFileExposed(os.fspath(path), mode=stat.S_IMODE(st.st_mode))
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(4096)
+            data = f.read(KEY_FILE_MAX + 1)
     finally:
         os.close(fd)
+    if len(data) > KEY_FILE_MAX:
+        raise MalformedKey(f"{os.fspath(path)} is not a key file (more than {KEY_FILE_MAX} bytes)")
     try:
         text = data.decode("ascii")
     except UnicodeDecodeError:
@@ -91,11 +99,32 @@ def load_private_key(path: str | os.PathLike[str]) -> Signer:
         raise MalformedKey(f"{os.fspath(path)} is not a key file (one line)")
     if not line:
         raise MalformedKey(f"{os.fspath(path)} is empty, not a key file")
+    return line
+
+
+def load_private_key(path: str | os.PathLike[str]) -> Signer:
+    """Read a key file written by :func:`save_private_key`; refuse it if group or others have any access."""
+    line = _key_line(path, private=True)
     try:
         return Signer.from_key(line)
     except MalformedKey as exc:  # say which file: the key string itself is secret and never shown
         what = "a public (verifier) key, not a private one" if not line.startswith("PRIVATE+KEY+") else exc.detail
         raise MalformedKey(f"{os.fspath(path)}: {what}") from None
+
+
+def load_verifier_key(value: str) -> Verifier:
+    """A verifier key of any algorithm (an operator's, a witness's) given as its key string or as a file holding
+    one, as ``--log-key`` and ``--witness-key`` take it: an existing path is read as a key file."""
+    if os.path.lexists(value):
+        line = _key_line(value, private=False)
+        try:
+            return Verifier.from_key(line)
+        except MalformedKey as exc:
+            raise MalformedKey(f"{value}: {exc.detail}") from None
+    if "+" not in value:
+        raise MalformedKey(f"{quoted(value)} is neither a verifier key (<name>+<8 hex digits>+<base64>) nor a file "
+                           "holding one")
+    return Verifier.from_key(value)
 
 
 def public_key(signer: Signer) -> str:

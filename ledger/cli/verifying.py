@@ -113,12 +113,9 @@ def failures_as_json(json_out: bool) -> Iterator[None]:
 
 def verifier_key(value: str) -> Any:
     """A verifier key given as the key string or as a file holding it."""
-    from ledger import note
+    from ledger.signing import load_verifier_key
 
-    text = value
-    if "+" not in value or Path(value).is_file():
-        text = Path(value).read_text(encoding="utf-8").strip()
-    return note.Verifier.from_key(text)
+    return load_verifier_key(value)
 
 
 def verify(

@@ -91,6 +91,53 @@ def test_malformed_key_files_are_refused(tmp_path: Path) -> None:
         signing.load_private_key(tmp_path / "dir.key")
 
 
+def test_a_file_larger_than_a_key_file_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "big.key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, signing.generate_key("a").key().encode() + b" " * signing.KEY_FILE_MAX)
+    os.close(fd)
+    with pytest.raises(MalformedKey, match=f"more than {signing.KEY_FILE_MAX} bytes"):
+        signing.load_private_key(path)
+
+
+def test_a_verifier_key_given_as_its_string_or_a_file(tmp_path: Path) -> None:
+    key = signing.generate_key("operator.example/alice")
+    vkey = signing.public_key(key)
+    assert signing.load_verifier_key(vkey).key() == vkey
+    path = tmp_path / "alice.pub"
+    path.write_text(vkey + "\n")
+    path.chmod(0o644)  # a public key may be readable by anyone
+    assert signing.load_verifier_key(str(path)).key() == vkey
+    witness = note.Signer.generate("witness.example", note.ALG_COSIGNATURE_V1)  # any algorithm: witnesses too
+    assert signing.load_verifier_key(witness.verifier.key()).alg == note.ALG_COSIGNATURE_V1
+
+
+def test_a_verifier_key_argument_that_is_neither_is_named(tmp_path: Path) -> None:
+    cases = {
+        "garbage": "'garbage' is neither a verifier key",
+        "x" * 100_000: "(100,000 characters) is neither a verifier key",
+        str(tmp_path / "missing.pub"): "missing.pub' is neither a verifier key",
+        "a+b+c": "a verifier key is name+<8 hex digits>+base64",
+    }
+    binary = tmp_path / "binary.pub"
+    binary.write_bytes(b"\x80\x04\x95 a pickle, not a key")
+    cases[str(binary)] = "binary.pub is not a key file (not ASCII)"
+    cases[str(tmp_path)] = "is not a regular file"
+    os.mkfifo(tmp_path / "fifo")
+    cases[str(tmp_path / "fifo")] = "fifo is not a regular file"  # and the open does not block
+    private = signing.save_private_key(signing.generate_key("a"), tmp_path / "a.key")
+    cases[str(private)] = "a.key: a private (signer) key, not a verifier key"
+    for value, message in cases.items():
+        with pytest.raises(MalformedKey) as info:
+            signing.load_verifier_key(value)
+        line = info.value.one_line()
+        assert message in line and len(line) < 300, line
+    secret = signing.generate_key("b").key()
+    with pytest.raises(MalformedKey) as info:  # the secret half is never echoed, nor kept for --json
+        signing.load_verifier_key(secret)
+    assert secret.split("+")[-1] not in repr(vars(info.value)) + str(info.value)
+
+
 # ---------------------------------------------------------------------------------------- signed message
 
 

@@ -166,6 +166,13 @@ def test_the_cli(tmp_path: Path, log: tuple[Path, note.Signer]) -> None:
     assert code == 0, stderr
     code, _, stderr = cli("verify", "--db", str(db), "--head", str(h2), "--witness-key", wkey)
     assert code == 1 and "cosignature" in stderr
+    (tmp_path / "w1.pub").write_text(wkey + "\n")  # the key as a file holding it
+    code, _, stderr = cli("verify", "--db", str(db), "--head", str(out), "--witness-key", str(tmp_path / "w1.pub"))
+    assert code == 0, stderr
+    (tmp_path / "w1.bin").write_bytes(b"\x80\x04\x95\xba")  # not a key file: one line, no traceback
+    code, _, stderr = cli("verify", "--db", str(db), "--head", str(out), "--witness-key", str(tmp_path / "w1.bin"))
+    assert code == 2 and stderr.splitlines() == [f"ledger: error: malformed key: {tmp_path / 'w1.bin'} is not a key "
+                                                 "file (not ASCII)"]
     # an operator key cannot witness
     assert cli("keys", "new", "op", "--dir", str(keys))[0] == 0
     code, _, stderr = cli("witness", "add-head", str(h2), "--state", str(state), "--key", "op", "--dir", str(keys))
