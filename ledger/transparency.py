@@ -110,11 +110,24 @@ def keys_dir(given: str | os.PathLike[str] | None = None) -> Path:
     return expand_home(value)
 
 
+def key_directory(given: str | os.PathLike[str] | None = None) -> Path:
+    """:func:`keys_dir`, refused (InputError) when something other than a directory is there: a file given as the
+    directory is named, not taken for an empty directory or for a key that exists."""
+    root = keys_dir(given)
+    try:
+        mode = root.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return root  # none yet: `keys new` makes it, the others find no key in it
+    if not stat.S_ISDIR(mode):
+        raise InputError(f"key directory {root} is {digests.file_kind(mode)}, not a directory")
+    return root
+
+
 def key_path(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
     if not isinstance(name, str) or not KEY_NAME_RE.fullmatch(name):
         raise InputError(f"key name {name!r}: expected 1 to 100 of A-Z a-z 0-9 . _ - (starting with a letter or "
                          f"digit)")
-    return keys_dir(directory) / f"{name}{KEY_SUFFIX}"
+    return key_directory(directory) / f"{name}{KEY_SUFFIX}"
 
 
 def create_key(name: str, directory: str | os.PathLike[str] | None = None, *, witness: bool = False
@@ -157,7 +170,7 @@ class UnusableKeyFile:
 def list_keys(directory: str | os.PathLike[str] | None = None) -> tuple[list[KeyFile], list[UnusableKeyFile]]:
     """Every key file of the directory, by name, loaded; those that do not load apart, each with its error, so that
     one bad file hides no other key."""
-    root = keys_dir(directory)
+    root = key_directory(directory)
     if not root.is_dir():
         return [], []
     out: list[KeyFile] = []

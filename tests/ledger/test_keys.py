@@ -217,3 +217,16 @@ def test_a_key_directory_others_may_write_to_is_refused(tmp_path: Path) -> None:
     keys.chmod(0o755)  # readable by others is fine: the key files themselves are 0600
     tp.create_key("alice", keys)
     assert stat.S_IMODE((keys / "alice.key").stat().st_mode) == 0o600
+
+
+def test_a_file_given_as_the_key_directory_is_named(tmp_path: Path) -> None:
+    """Not an empty directory (`keys list` said "no keys"), nor an existing key (`keys new` said "never
+    overwritten"), nor a missing key to create (`keys export` advised `keys new`, which then failed)."""
+    not_a_dir = tmp_path / "keys"
+    not_a_dir.write_bytes(b"a file")
+    for args in (("keys", "new", "alice"), ("keys", "list"), ("keys", "export", "alice"), ("log-head",)):
+        code, stdout, stderr = cli(*args, "--dir", str(not_a_dir))
+        assert (code, stdout) == (2, ""), (args, stderr)
+        assert stderr == f"ledger: error: key directory {not_a_dir} is a regular file, not a directory\n", args
+    assert not_a_dir.read_bytes() == b"a file"
+    assert tp.list_keys(tmp_path / "none") == ([], [])  # a directory not made yet holds no key
