@@ -135,6 +135,15 @@ class UnknownReceipt(LookupFailed):
         self.ref = ref
 
 
+class UnknownExperiment(LookupFailed):
+    """No prepare receipt with the prepared digest asked for (or none at all, when none was given)."""
+
+    def __init__(self, prepared: str | None) -> None:
+        super().__init__("no prepare receipt in the ledger: run `ledger run prepare` first" if prepared is None
+                         else f"no prepare receipt with prepared digest {prepared}")
+        self.prepared = prepared
+
+
 class AmbiguousReceipt(LookupFailed):
     def __init__(self, ref: str, candidates: list[str]) -> None:
         shown = ", ".join(c[:19] for c in candidates[:3])

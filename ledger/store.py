@@ -50,6 +50,7 @@ from ledger.errors import (
     InputError,
     MissingParents,
     StoredBodyInvalid,
+    UnknownExperiment,
     UnknownReceipt,
 )
 from ledger.note import ALG_ED25519, Signer
@@ -725,8 +726,7 @@ class Store:
                 rid, digest = orphan[0]
                 raise ChainBroken(rid, f"its experiment (prepared {digest}) has no prepare receipt in the ledger",
                                   field="prepared", expected="a prepare receipt with that digest", actual=None)
-            raise InputError("no prepare receipt in the ledger: run `ledger run prepare` first" if prepared is None
-                             else f"no prepare receipt with prepared digest {prepared}")
+            raise UnknownExperiment(prepared)
         return found[-1].receipt.prepared
 
     @_typed_errors

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_jsonl, workdir_root
-from ledger.errors import InputError
+from ledger.errors import InputError, UnknownExperiment
 from ledger.experiment.config import ARMS, ExperimentConfig, config_from_bytes, single_rank_arm
 from ledger.experiment.tokenizer import Tokenizer, tokenizer_from_bytes
 from ledger.receipts import Receipt, make_receipt
@@ -107,8 +107,7 @@ def load_inputs(store: Store, artifacts: ArtifactStore, prepared: str | None = N
     """The latest prepare receipt (or the one with ``prepared``), its selection and contract, and their bytes."""
     found = store.find(kind="prepare", prepared=prepared)
     if not found:
-        raise InputError("no prepare receipt in the ledger: run `ledger run prepare` first" if prepared is None
-                         else f"no prepare receipt with prepared digest {prepared}")
+        raise UnknownExperiment(prepared)
     prep = found[-1].receipt
     selections = store.find(kind="selection", prepared=prep.prepared)
     if not selections:

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from ledger import digests
 from ledger.artifacts import ArtifactStore, put_jsonl, read_artifact, read_json, read_jsonl, workdir_root
-from ledger.errors import InputError, LedgerError
+from ledger.errors import InputError, LedgerError, UnknownExperiment
 from ledger.experiment import corpus, tasks
 from ledger.experiment.config import ARMS, ExperimentConfig, PretrainConfig, config_from_bytes, load_config
 from ledger.experiment.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, tokenizer_from_json
@@ -414,7 +414,7 @@ def load_prepared(store: Store, arts: ArtifactStore, prepared: str) -> Prepared:
     """Load the prepare receipt with this ``prepared`` digest and its artifacts (each re-hashed on read)."""
     found = [s.receipt for s in store.find(kind="prepare", prepared=prepared)]
     if not found:
-        raise InputError(f"no prepare receipt with prepared digest {prepared}")
+        raise UnknownExperiment(prepared)
     receipt = found[0]
     a = receipt.artifacts
     config = config_from_bytes(read_artifact(arts, a["config"], name="config"))

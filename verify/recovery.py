@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.errors import InputError, LedgerError, MeasurementMismatch, ResumeDivergence
+from ledger.errors import InputError, LedgerError, LookupFailed, MeasurementMismatch, ResumeDivergence
 from ledger.experiment.formats import RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
 from ledger.receipts import Receipt
 from ledger.rules import recovery_rank_passed
@@ -105,7 +105,7 @@ def _run_ends(store: Store, ref: str) -> dict[int, Receipt]:
     for s in store.find(kind="train-end", run=run):
         ends[s.receipt.rank or 0] = s.receipt
     if not ends:
-        raise InputError(f"no train-end receipts for run {run!r}")
+        raise LookupFailed(f"no train-end receipts for run {run!r}")
     return ends
 
 

@@ -23,6 +23,7 @@ from ledger.errors import (
     InputError,
     MissingParents,
     SchemaOutOfDate,
+    UnknownExperiment,
     UnknownReceipt,
     UnknownSchema,
 )
@@ -533,7 +534,7 @@ def test_a_batch_stores_every_byte_as_given(store: Store) -> None:
 def test_an_experiment_whose_prepare_receipt_is_gone_is_a_broken_chain(ledger_db: Path, make_chain: MakeChain
                                                                        ) -> None:
     """Receipts of an experiment without its prepare receipt (the row deleted behind the library's back) are a
-    broken chain (exit 1), not a ledger that was never prepared (exit 2 and a hint to run prepare)."""
+    broken chain (exit 1), not a ledger that was never prepared (exit 3 and a hint to run prepare)."""
     from typer.testing import CliRunner
 
     from ledger.cli import app
@@ -551,8 +552,20 @@ def test_an_experiment_whose_prepare_receipt_is_gone_is_a_broken_chain(ledger_db
         assert info.value.field == "prepared" and info.value.receipt != c.prepare.id
         with pytest.raises(ChainBroken):
             store.latest_prepared(c.prepare.prepared)
-        with pytest.raises(InputError, match="no prepare receipt with prepared digest"):
+        with pytest.raises(UnknownExperiment, match="no prepare receipt with prepared digest"):
             store.latest_prepared(digests.raw_digest(b"another experiment"))
     result = CliRunner().invoke(app, ["audit", "--no-record", "--db", str(ledger_db)])
     assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1, result.output
     assert "has no prepare receipt" in result.stderr
+    # another experiment's digest is a lookup that failed (exit 3); a digest mistyped is named as one (exit 2)
+    mistyped = digests.raw_digest(b"another experiment")[:-1]
+    for prepared, code, said in ((digests.raw_digest(b"another experiment"), 3, "no prepare receipt with prepared "
+                                  "digest blake3:"), (mistyped, 2, "--prepared: expected 'blake3:'")):
+        for command in (["audit", "--no-record"], ["report", "--no-record"]):
+            result = CliRunner().invoke(app, [*command, "--db", str(ledger_db), "--prepared", prepared])
+            assert result.exit_code == code and result.stdout == "", result.output
+            assert result.stderr.startswith(f"ledger: error: {said}") and result.stderr.count("\n") == 1
+    with Store.open(ledger_db.with_name("empty.db"), create=True) as empty:
+        with pytest.raises(UnknownExperiment, match="run `ledger run prepare` first") as none:
+            empty.latest_prepared()
+    assert none.value.exit_code == 3

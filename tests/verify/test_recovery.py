@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ledger.artifacts import ArtifactStore, default_root
-from ledger.errors import InputError, MeasurementMismatch, ResumeDivergence
+from ledger.errors import InputError, LookupFailed, MeasurementMismatch, ResumeDivergence
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from tests.conftest import TinyExperiment
@@ -121,7 +121,7 @@ def test_compare_runs_rejects_what_is_not_two_runs_of_one_world(tiny_experiment:
     with Store.open(tiny_experiment.db) as store:
         with pytest.raises(InputError, match=r"the runs have different ranks: \[0\] vs \[0, 1, 2, 3\]"):
             compare_runs(store, "train/single", "train/ddp-four")
-        with pytest.raises(InputError, match="no train-end receipts for run 'train/absent'"):
+        with pytest.raises(LookupFailed, match="no train-end receipts for run 'train/absent'"):
             compare_runs(store, "train/absent", RECOVERED)
         checkpoint = store.find(kind="checkpoint", run=UNINTERRUPTED)[0].receipt
         with pytest.raises(InputError, match=f"receipt {checkpoint.id} is a checkpoint receipt"):
