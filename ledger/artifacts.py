@@ -84,17 +84,28 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise UnsafeFile(str(path), f"is {digests.file_kind(mode)}; refusing to replace it with a file (give the "
                                     f"path of a regular file, or a new one)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temp(path.parent, path.name)
+    try:
+        fd, tmp = _create_temp(path.parent, path.name)
+    except OSError as exc:
+        raise _writing(exc, path) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _writing(exc, path) from exc
         raise
     fsync_path(path.parent)
+
+
+def _writing(exc: OSError, path: Path) -> OSError:
+    """The same error naming the file being written: not its temporary name (which is gone), nor nothing at all
+    (a full disk's ENOSPC from write names no file)."""
+    return type(exc)(exc.errno, f"cannot write ({exc.strerror or exc})", os.fspath(path))
 
 
 def path_from_uri(uri: str) -> Path | None:

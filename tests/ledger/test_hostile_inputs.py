@@ -177,6 +177,25 @@ def test_append_on_a_full_disk_is_exit_4_and_loses_nothing(small_tmpfs: Path, tm
     assert result.exit_code == 0 and json.loads(result.stdout)["appended"] == len(many), result.output
 
 
+def test_a_file_written_on_a_full_disk_is_named_and_the_old_one_kept(small_tmpfs: Path) -> None:
+    """ENOSPC from write() names no file: the error names the file being written (not nothing, nor its temporary
+    name), no temporary file is left, and the file it would have replaced is as it was."""
+    from ledger.artifacts import atomic_write
+    from ledger.errors import os_error_line
+
+    target = small_tmpfs / "report.json"
+    target.write_bytes(b"the old report")
+    filler = _fill(small_tmpfs, leave=0)
+    with pytest.raises(OSError) as info:
+        atomic_write(target, bytes(1 << 20))
+    assert info.value.errno == errno.ENOSPC
+    assert os_error_line(info.value) == f"cannot write (No space left on device): {target}"
+    assert sorted(os.listdir(small_tmpfs)) == ["filler", "report.json"] and target.read_bytes() == b"the old report"
+    filler.unlink()
+    atomic_write(target, b"the new report")
+    assert target.read_bytes() == b"the new report"
+
+
 # ------------------------------------------------------------------------- 5. FIFOs and devices as artifacts
 
 
