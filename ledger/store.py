@@ -49,6 +49,7 @@ from ledger.errors import (
     DatabaseError,
     InputError,
     MissingParents,
+    RecordMismatch,
     StoredBodyInvalid,
     UnknownExperiment,
     UnknownReceipt,
@@ -753,7 +754,9 @@ class Store:
         step: int | None = None,
         limit: int | None = None,
     ) -> list[Stored]:
-        """Receipts matching every given field, in append order."""
+        """Receipts matching every given field, in append order. The match is by the index columns; a receipt whose
+        body disagrees with a column it was matched by (a tampered row) is RecordMismatch, never returned as a match
+        (``ledger log --kind note`` listing an eval receipt)."""
         given = [(column, value) for column, value in (("kind", kind), ("run", run), ("prepared", prepared),
                                                       ("selection", selection), ("rank", rank), ("step", step))
                  if value is not None]
@@ -766,7 +769,13 @@ class Store:
             sql += " LIMIT ?"
             params.append(limit)
         with self.reading() as reads:
-            return [parsed(StoredRow._make(row)) for row in reads.all(sql, params)]
+            found = [parsed(StoredRow._make(row)) for row in reads.all(sql, params)]
+        for stored in found:
+            for column, value in given:
+                if getattr(stored.receipt, column) != value:
+                    raise RecordMismatch(stored.receipt.id, column, expected=getattr(stored.receipt, column),
+                                         actual=value)
+        return found
 
     @_typed_errors
     def count(self) -> int:

@@ -22,6 +22,7 @@ from ledger.errors import (
     DatabaseError,
     InputError,
     MissingParents,
+    RecordMismatch,
     SchemaOutOfDate,
     UnknownExperiment,
     UnknownReceipt,
@@ -569,3 +570,29 @@ def test_an_experiment_whose_prepare_receipt_is_gone_is_a_broken_chain(ledger_db
         with pytest.raises(UnknownExperiment, match="run `ledger run prepare` first") as none:
             empty.latest_prepared()
     assert none.value.exit_code == 3
+
+
+def test_find_never_returns_a_row_its_body_does_not_match(ledger_db: Path,
+                                                         make_chain: Callable[..., ReceiptChain]) -> None:
+    """The match is by index columns; a row whose column was changed behind the library's back (an eval receipt's
+    kind set to 'note') is named, exit 1, not listed as a note."""
+    from typer.testing import CliRunner
+
+    from ledger.cli import app
+
+    c = make_chain()
+    with Store.open(ledger_db) as store:
+        store.append_many(c.receipts())
+    with sqlite3.connect(ledger_db) as conn:
+        conn.execute("UPDATE receipts SET kind = 'note', rank = 7 WHERE id = ?", (c.eval.id,))
+    with Store.open(ledger_db) as store:
+        with pytest.raises(RecordMismatch) as info:
+            store.find(kind="note")
+        assert (info.value.receipt, info.value.field, info.value.expected, info.value.actual) == (
+            c.eval.id, "kind", "eval", "note")
+        with pytest.raises(RecordMismatch, match="stored rank 7 differs from its body's"):
+            store.find(rank=7)
+        assert [s.receipt.id for s in store.find(kind="train-end")] == [c.train_end.id]  # other rows as before
+    result = CliRunner().invoke(app, ["log", "--db", str(ledger_db), "--kind", "note"])
+    assert result.exit_code == 1 and result.stdout == "", result.output
+    assert result.stderr == f"ledger: error: receipt {c.eval.id}: stored kind 'note' differs from its body's 'eval'\n"
