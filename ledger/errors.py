@@ -80,8 +80,8 @@ class NonCanonical(InputError):
 
 class MalformedDigest(InputError):
     def __init__(self, what: str, value: object) -> None:
-        shown = value if isinstance(value, str) and len(value) < 100 else repr(value)[:100]
-        super().__init__(f"{what}: expected 'blake3:' followed by 64 lowercase hex digits, got {shown!r}")
+        shown = quoted(value) if isinstance(value, str) else repr(value)[:100]
+        super().__init__(f"{what}: expected 'blake3:' followed by 64 lowercase hex digits, got {shown}")
         self.what = what
         self.value = value
 
