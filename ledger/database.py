@@ -131,6 +131,23 @@ def unwritable(path: Path) -> str | None:
     return None
 
 
+def check_creatable(path: Path) -> None:
+    """DatabaseError unless a new SQLite ledger file can be made at ``path`` as far as its directory goes: SQLite
+    says only "unable to open database file" for a directory that does not exist, is a file, or is read-only."""
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise DatabaseError(f"cannot create a ledger at {path}: the directory {parent} {what}")
+    try:
+        readonly_mount = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        readonly_mount = False
+    if readonly_mount:
+        raise DatabaseError(f"cannot create a ledger at {path}: the file system is mounted read-only")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DatabaseError(f"cannot create a ledger at {path}: the directory {parent} is not writable by this user")
+
+
 def _readonly_query(path: Path) -> dict[str, str]:
     """The URI parameters that read ``path`` without writing anything, or DatabaseError when none can be exact."""
     query = {"mode": "ro"}

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeV
 from ledger.database import (
     REVISION_SQL,
     SCHEMA_HEAD,
+    check_creatable,
     check_revision,
     check_sqlite_file,
     copy_rows,
@@ -345,6 +346,8 @@ class Store:
             readonly = "the URL asks for mode=ro" if is_readonly_url(url) else unwritable(path)
             if readonly is not None:
                 connect = readonly_url(path)
+        elif path is not None and not is_readonly_url(url):
+            check_creatable(path)
         from sqlalchemy.exc import DBAPIError
 
         engine = make_engine(connect)
@@ -370,6 +373,7 @@ class Store:
         """An SQLite ledger file named by a plain URL: read with the standard library (no SQLAlchemy until a
         write), its schema revision checked the same way."""
         if create and not path.exists():
+            check_creatable(path)
             from ledger.migrate import upgrade  # alembic only when a schema must be created
 
             upgrade(url)

@@ -187,6 +187,32 @@ def test_a_read_only_mount_reads_as_root_and_refuses_appends(ledger: tuple[Path,
         subprocess.run(["umount", "-l", str(mnt)], check=True, timeout=30)
 
 
+def test_a_ledger_that_cannot_be_created_says_why(tmp_path: Path) -> None:
+    """SQLite says only "unable to open database file"; `ledger init` names the directory and what is wrong with
+    it (exit 4), for a plain path and an SQLAlchemy URL alike, and leaves nothing behind."""
+    _as_root_or_fail("a read-only bind mount")
+    (tmp_path / "a-file").write_bytes(b"x")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    mnt = tmp_path / "ro-mount"
+    mnt.mkdir()
+    subprocess.run(["mount", "--bind", "-o", "ro", str(tmp_path / "locked"), str(mnt)], check=True, timeout=30)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(mnt)], check=True, timeout=30)
+        cases = [(tmp_path / "missing" / "l.db", f"the directory {tmp_path / 'missing'} does not exist"),
+                 (tmp_path / "a-file" / "l.db", f"the directory {tmp_path / 'a-file'} is not a directory"),
+                 (locked / "l.db", f"the directory {locked} is not writable by this user"),
+                 (mnt / "l.db", "the file system is mounted read-only")]
+        for path, why in cases:
+            for db in (str(path), f"sqlite:///{path}"):
+                line = one_line(cli("init", "--db", db), EXIT_DATABASE)
+                assert line == f"ledger: error: cannot create a ledger at {path}: {why}", line
+        assert not (tmp_path / "missing").exists() and os.listdir(locked) == []
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True, timeout=30)
+    ok("init", "--db", tmp_path / "l.db")  # and where it can, it does
+
+
 # ---------------------------------------------------------------------------------------------- locations
 
 
