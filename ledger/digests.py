@@ -517,10 +517,15 @@ def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True) 
     return fd
 
 
-def read_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> bytes:
-    """The bytes of the regular file at ``path`` (see :func:`open_regular`)."""
+def read_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True, max_bytes: int | None = None
+                 ) -> bytes:
+    """The bytes of the regular file at ``path`` (see :func:`open_regular`); with ``max_bytes``, UnsafeFile for a
+    larger file, of which no more than that is read."""
     with os.fdopen(open_regular(path, follow_symlinks=follow_symlinks), "rb") as f:
-        return f.read()
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise UnsafeFile(os.fspath(path), f"is larger than {max_bytes:,} bytes; refusing to read it")
+    return data
 
 
 def _not_regular(path: str | os.PathLike[str], mode: int) -> UnsafeFile:

@@ -385,15 +385,21 @@ def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
     return validate(_build(ExperimentConfig, values, ""))
 
 
+MAX_CONFIG_BYTES: Final = 1 << 20  # examples/experiment.toml is 3 KB
+
+
 def load_config(path: Path | None) -> ExperimentConfig:
     """Load a TOML config file; ``None`` gives the defaults (which equal examples/experiment.toml)."""
     if path is None:
         return validate(ExperimentConfig())
     try:
-        with open(path, "rb") as f:
-            values = tomllib.load(f)
+        data = digests.read_regular(path, max_bytes=MAX_CONFIG_BYTES)  # not a FIFO, a device or /dev/zero's endless
     except FileNotFoundError as exc:
         raise InputError(f"config file {path} does not exist") from exc
+    try:
+        values = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"config file {path} is not UTF-8 text (byte {exc.start}), so not TOML") from exc
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"config file {path} is not valid TOML: {exc}") from exc
     return config_from_dict(values)

@@ -12,6 +12,7 @@ import pytest
 from ledger import digests
 from ledger.errors import InputError
 from ledger.experiment.config import (
+    MAX_CONFIG_BYTES,
     ARMS,
     CONFIG_FORMAT,
     Arm,
@@ -89,6 +90,26 @@ def test_load_config_reports_the_file(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(InputError, match=f"config file {tmp_path / 'absent.toml'} does not exist"):
         load_config(tmp_path / "absent.toml")
+
+
+def test_a_config_file_that_is_not_text_or_not_a_file_is_refused_without_hanging(tmp_path: Path) -> None:
+    """A binary file was a UnicodeDecodeError traceback; a FIFO blocked the open and /dev/zero was read without
+    end. Each is one InputError now (exit 2), read no further than the bound."""
+    import os
+
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"\xff\xfe\x80\x04\x95")
+    os.mkfifo(tmp_path / "fifo.toml")
+    big = tmp_path / "big.toml"
+    big.write_text("# a comment\n" * (MAX_CONFIG_BYTES // 12 + 1))
+    for path, message in ((binary, f"config file {binary} is not UTF-8 text (byte 0)"),
+                          (tmp_path / "fifo.toml", "is a FIFO, not a regular file"),
+                          (Path("/dev/zero"), "is a character device, not a regular file"),
+                          (tmp_path, "is a directory, not a regular file"),
+                          (big, f"is larger than {MAX_CONFIG_BYTES:,} bytes")):
+        with pytest.raises(InputError) as info:
+            load_config(path)
+        assert message in info.value.one_line() and info.value.exit_code == 2
 
 
 # ---------------------------------------------------------------------------------------- the canonical form
