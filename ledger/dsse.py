@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # cryptography is imported when a signature is checked (ledge
 PAYLOAD_TYPE_IN_TOTO = "application/vnd.in-toto+json"
 STATEMENT_V1 = "https://in-toto.io/Statement/v1"
 MAX_SIGNATURES = 64
+MAX_ENVELOPE_BYTES = 64 << 20  # an attestation of one receipt; a file beyond this is not one we wrote or read
 _HEX_LENGTHS = {"sha256": 64, "blake3": 64}
 _HEX = re.compile(r"[0-9a-f]+")
 
@@ -70,6 +71,8 @@ def _reject_constant(token: str) -> Any:
 
 
 def _loads(data: bytes | str, what: str) -> Any:
+    if len(data) > MAX_ENVELOPE_BYTES:
+        raise MalformedEnvelope(f"{what} is larger than {MAX_ENVELOPE_BYTES:,} bytes")
     try:
         return json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors

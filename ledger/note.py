@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 ALG_ED25519 = 0x01
 ALG_COSIGNATURE_V1 = 0x04
 MAX_SIGNATURES = 100
+MAX_NOTE_BYTES = 1 << 20  # a checkpoint with MAX_SIGNATURES signatures is a few KB; a file beyond this is not one
 SIGNATURE_PREFIX = "\u2014 "  # EM DASH, SPACE
 COSIGNATURE_HEADER = "cosignature/v1\n"
 _ALGS = {ALG_ED25519: "Ed25519", ALG_COSIGNATURE_V1: "Ed25519 cosignature/v1"}
@@ -323,6 +324,9 @@ def check_text(text: str) -> str:
 
 def parse_note(data: bytes | str) -> Note:
     """Split a signed note into text and signature lines, checking syntax only (no signature is verified)."""
+    if len(data) > MAX_NOTE_BYTES:
+        raise MalformedNote("larger than a signed note may be", expected=f"<= {MAX_NOTE_BYTES:,} bytes",
+                            actual=len(data))
     if isinstance(data, bytes):
         try:
             msg = data.decode("utf-8")

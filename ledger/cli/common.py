@@ -138,6 +138,14 @@ def run_db(db: str | None, workdir: Path) -> str:
 
 
 
+def read_input(path: Path, max_bytes: int) -> bytes:
+    """A file named on the command line, read whole: a regular file (a FIFO or a device is refused, not waited on or
+    read without end) of at most ``max_bytes`` (UnsafeFile, exit 2)."""
+    from ledger.digests import read_regular
+
+    return read_regular(path, max_bytes=max_bytes)
+
+
 def emit_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str) + "\n")
 

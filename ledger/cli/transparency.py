@@ -11,7 +11,17 @@ from typing import Annotated, Any
 
 import typer
 
-from ledger.cli.common import ArtifactsOpt, DbOpt, JsonOpt, artifact_store, emit_json, make_typer, open_store, out
+from ledger.cli.common import (
+    ArtifactsOpt,
+    DbOpt,
+    JsonOpt,
+    artifact_store,
+    emit_json,
+    make_typer,
+    open_store,
+    out,
+    read_input,
+)
 from ledger.cli.verifying import verifier_key
 from ledger.errors import InputError
 
@@ -214,16 +224,18 @@ def witness_add_head(
     """Cosign a checkpoint if it extends the last one this witness accepted for its log (consistency proof computed
     from --db and verified against both roots); refuse it otherwise (exit 1)."""
     from ledger.artifacts import atomic_write
+    from ledger.note import MAX_NOTE_BYTES
     from ledger.transparency import load_key
     from verify.transparency import witness_add_head as add
 
     witness = load_key(key, directory)
     verifier = verifier_key(log_key) if log_key else None
+    checkpoint = read_input(head, MAX_NOTE_BYTES)
     if db is not None:
         with open_store(db) as store:
-            result = add(state, head.read_bytes(), witness, log_key=verifier, store=store)
+            result = add(state, checkpoint, witness, log_key=verifier, store=store)
     else:
-        result = add(state, head.read_bytes(), witness, log_key=verifier)
+        result = add(state, checkpoint, witness, log_key=verifier)
     if out_path is not None:
         atomic_write(out_path, result.cosigned)
     if json_out:

@@ -18,7 +18,17 @@ from typing import Annotated, Any
 
 import typer
 
-from ledger.cli.common import ArtifactsOpt, DbOpt, JsonOpt, PreparedOpt, artifact_store, emit_json, open_store, out
+from ledger.cli.common import (
+    ArtifactsOpt,
+    DbOpt,
+    JsonOpt,
+    PreparedOpt,
+    artifact_store,
+    emit_json,
+    open_store,
+    out,
+    read_input,
+)
 from ledger.errors import InputError
 
 RequireSignaturesOpt = Annotated[bool, typer.Option("--require-signatures", help="Fail on an unsigned receipt.")]
@@ -173,7 +183,10 @@ def _verify_ledger(ref: str | None, db: str | None, artifacts: Path | None, requ
     # The head first: it names what happened to the log's history (truncated, rewritten, reordered, forked), which
     # a batch signature would otherwise report, less precisely, as failing for a receipt appended beside the change.
     if head is not None:
-        result.head = verify_head(store, head.read_bytes(), trusted=trusted, witnesses=witnesses, receipts=closure)
+        from ledger.note import MAX_NOTE_BYTES
+
+        result.head = verify_head(store, read_input(head, MAX_NOTE_BYTES), trusted=trusted, witnesses=witnesses,
+                                  receipts=closure)
     result.signatures = check_signatures(store, closure, require=require_signatures)
     return result
 
@@ -192,7 +205,10 @@ def _verify_attestation(path: Path, db: str | None, artifacts: Path | None, trus
         trusted = [k.verifier for k in registered_keys(store).values()]
     arts = artifact_store(store.url, artifacts) if store is not None else (
         artifact_store("", artifacts) if artifacts is not None else None)
-    return Verification(attestation=verify_attestation(path.read_bytes(), trusted, artifacts=arts, store=store))
+    from ledger.dsse import MAX_ENVELOPE_BYTES
+
+    envelope = read_input(path, MAX_ENVELOPE_BYTES)
+    return Verification(attestation=verify_attestation(envelope, trusted, artifacts=arts, store=store))
 
 
 def audit(

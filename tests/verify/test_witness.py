@@ -17,7 +17,7 @@ from ledger.errors import InputError
 from ledger.receipts import make_receipt
 from ledger.signing import generate_key
 from ledger.store import Store
-from ledger.transparency_errors import SignatureInvalid
+from ledger.transparency_errors import MalformedEnvelope, MalformedNote, SignatureInvalid
 from verify import transparency as vt
 
 T0 = 1_700_000_000
@@ -194,3 +194,37 @@ def test_the_witness_state_is_read_only_from_regular_files_and_named_when_damage
     os.mkfifo(where / "checkpoint")  # refused unopened: a plain read waited forever for a writer
     with pytest.raises(InputError, match="is a FIFO"):
         vt.witness_add_head(tmp_path / "w", head(db, signer), w, timestamp=T0 + 1)
+
+
+def test_a_head_or_envelope_file_that_is_a_fifo_a_device_or_too_large_is_refused_unread(
+        tmp_path: Path, log: tuple[Path, note.Signer]) -> None:
+    """`verify --head`, `verify --in-toto` and `witness add-head` read the file they are given through one reader:
+    a FIFO no longer blocks them, /dev/zero is no longer read without end, and a file larger than a signed note (or
+    an envelope) may be is refused before it is parsed. One line, exit 2 each."""
+    import os
+
+    from ledger import dsse
+
+    db, _ = log
+    runner = CliRunner()
+    keys = tmp_path / "keys"
+    assert runner.invoke(app, ["keys", "new", "w", "--witness", "--dir", str(keys)]).exit_code == 0
+    os.mkfifo(tmp_path / "head.fifo")
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"x" * (note.MAX_NOTE_BYTES + 1))
+    commands = (["verify", "--db", str(db), "--head"], ["verify", "--db", str(db), "--in-toto"],
+                ["witness", "add-head", "--state", str(tmp_path / "state"), "--key", "w", "--dir", str(keys)])
+    for path, said in ((tmp_path / "head.fifo", "is a FIFO, not a regular file"),
+                       (Path("/dev/zero"), "is a character device, not a regular file")):
+        for command in commands:
+            r = runner.invoke(app, [*command, str(path)])
+            assert r.exit_code == 2 and r.stderr == f"ledger: error: {path}: {said}; refusing to read it\n", r.output
+    for command in (commands[0], commands[2]):
+        r = runner.invoke(app, [*command, str(big)])
+        assert r.exit_code == 2 and r.stderr == (f"ledger: error: {big}: is larger than {note.MAX_NOTE_BYTES:,} "
+                                                 "bytes; refusing to read it\n"), r.output
+    # the parsers hold the same bounds, whoever calls them
+    with pytest.raises(MalformedNote, match="larger than a signed note may be"):
+        note.parse_note(b"x" * (note.MAX_NOTE_BYTES + 1))
+    with pytest.raises(MalformedEnvelope, match="larger than"):
+        dsse.Envelope.from_json(b" " * (dsse.MAX_ENVELOPE_BYTES + 1))

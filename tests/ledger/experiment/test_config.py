@@ -12,9 +12,9 @@ import pytest
 from ledger import digests
 from ledger.errors import InputError
 from ledger.experiment.config import (
-    MAX_CONFIG_BYTES,
     ARMS,
     CONFIG_FORMAT,
+    MAX_CONFIG_BYTES,
     Arm,
     ExperimentConfig,
     config_from_bytes,
