@@ -27,6 +27,7 @@ def db_upgrade(
     from ledger.database import display_url, resolve_url
 
     url = resolve_url(db)
+    _sqlite_target(url, create=True)
     before = migrate.current(url)
     migrate.upgrade(url, revision)
     after = migrate.current(url)
@@ -44,22 +45,38 @@ def db_downgrade(
     from ledger import migrate
     from ledger.database import resolve_url
 
-    migrate.downgrade(resolve_url(db), revision)
+    url = resolve_url(db)
+    _sqlite_target(url, create=False)
+    migrate.downgrade(url, revision)
 
 
 def db_current(db: DbOpt = None, json_out: JsonOpt = False) -> None:
     """Print the database's schema revision and the one this ledger needs."""
     from ledger import migrate
-    from ledger.database import check_sqlite_file, display_url, resolve_url, sqlite_path
+    from ledger.database import display_url, resolve_url
     from ledger.models import SCHEMA_HEAD
 
     url = resolve_url(db)
-    path = sqlite_path(url)
-    if path is not None:  # read, as `log` reads: no ledger created at a path that has none, no device opened
-        check_sqlite_file(path)
+    _sqlite_target(url, create=False)  # read, as `log` reads: no ledger created at a path that has none
     cur = migrate.current(url)
     if json_out:
         emit_json({"db": display_url(url), "current": cur, "head": SCHEMA_HEAD, "up_to_date": cur == SCHEMA_HEAD})
     else:
         note = "up to date" if cur == SCHEMA_HEAD else "run `ledger db upgrade`"
         out.print(f"{display_url(url)}: {cur or 'no schema'} (head {SCHEMA_HEAD}; {note})")
+
+
+def _sqlite_target(url: str, *, create: bool) -> None:
+    """An SQLite ledger file named by ``url`` must be a regular file (no FIFO or device opened), or, when the
+    command may create it and nothing is there, creatable (its directory named otherwise); other URLs pass."""
+    import os
+
+    from ledger.database import check_creatable, check_sqlite_file, sqlite_path
+
+    path = sqlite_path(url)
+    if path is None:
+        return
+    if create and not os.path.lexists(path):
+        check_creatable(path)
+    else:
+        check_sqlite_file(path)

@@ -661,7 +661,23 @@ def test_db_upgrade_creates_a_new_database_and_current_reports_it(db_url: str) -
 def test_db_upgrade_of_an_unopenable_database_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "missing-dir" / "x.db"
     code, _, stderr = cli("db", "upgrade", "--db", str(path))
-    assert code == EXIT_DATABASE and len(stderr.splitlines()) == 1 and "unable to open" in stderr
+    assert code == EXIT_DATABASE and stderr == (f"ledger: error: cannot create a ledger at {path}: the directory "
+                                                f"{path.parent} does not exist\n")
+
+
+def test_db_commands_open_no_fifo_and_create_nothing_they_only_read(tmp_path: Path) -> None:
+    """A FIFO given as the ledger was opened by SQLite (a 'disk I/O error' from upgrade); downgrade of a path with
+    no ledger created an empty database there."""
+    import os
+
+    fifo = tmp_path / "ledger.fifo"
+    os.mkfifo(fifo)
+    for args in (["upgrade"], ["downgrade", "base"], ["current"]):
+        code, _, stderr = cli("db", *args, "--db", str(fifo))
+        assert code == EXIT_DATABASE and stderr == f"ledger: error: cannot open {fifo}: it is a FIFO, not an SQLite " \
+                                                   "ledger file\n", (args, stderr)
+    code, _, stderr = cli("db", "downgrade", "base", "--db", str(tmp_path / "none.db"))
+    assert code == EXIT_DATABASE and "no ledger at" in stderr and not (tmp_path / "none.db").exists()
 
 
 def test_offline_sql_generation_is_refused_clearly() -> None:
