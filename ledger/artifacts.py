@@ -33,7 +33,7 @@ def workdir_root(workdir: str | os.PathLike[str]) -> Path:
     experiment), whatever ledger they append to: an SQLite file elsewhere or a PostgreSQL URL has no bearing on
     where a work directory's bytes are. Commands given only a ledger use :func:`default_root`."""
     env = os.environ.get(ENV_ARTIFACTS)
-    return Path(env) if env else Path(workdir) / "artifacts"
+    return artifact_dir(Path(env) if env else Path(workdir) / "artifacts")
 
 
 def default_root(db_url: str | None = None) -> Path:
@@ -42,14 +42,27 @@ def default_root(db_url: str | None = None) -> Path:
     agree for it; ``--artifacts`` says otherwise)."""
     env = os.environ.get(ENV_ARTIFACTS)
     if env:
-        return Path(env)
+        return artifact_dir(Path(env))
     if db_url:
         from ledger.database import sqlite_path  # SQLAlchemy only for callers that have a ledger URL
 
         path = sqlite_path(db_url)
         if path is not None:
-            return path.parent / "artifacts"
-    return Path("artifacts")
+            return artifact_dir(path.parent / "artifacts")
+    return artifact_dir(Path("artifacts"))
+
+
+def artifact_dir(path: Path) -> Path:
+    """``path`` as an artifact directory. One that does not exist yet is fine (its artifacts are reported missing,
+    or a writer makes it); a file there is a mistake, named (InputError, exit 2) before any work, not a directory
+    whose every artifact is missing or a write that fails at the end of a run."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return path
+    if not stat.S_ISDIR(mode):
+        raise InputError(f"artifact directory {path} is {digests.file_kind(mode)}, not a directory")
+    return path
 
 
 def _create_temp(directory: Path, name: str) -> tuple[int, Path]:

@@ -165,9 +165,11 @@ def open_store(db: str | None, create: bool = False) -> Any:
 
 
 def artifact_store(db_url: str, root: Path | None) -> Any:
-    from ledger.artifacts import ArtifactStore, default_root
+    """The artifact directory: ``--artifacts``, else :func:`ledger.artifacts.default_root` (a file there is
+    refused: :func:`ledger.artifacts.artifact_dir`)."""
+    from ledger.artifacts import ArtifactStore, artifact_dir, default_root
 
-    return ArtifactStore(root if root is not None else default_root(db_url))
+    return ArtifactStore(artifact_dir(root) if root is not None else default_root(db_url))
 
 
 def print_wide(table: Table, console: Console | None = None) -> None:

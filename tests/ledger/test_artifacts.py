@@ -186,3 +186,35 @@ def test_default_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_ARTIFACTS, "/mnt/artifacts")
     assert default_root("sqlite:////srv/ledger/ledger.db") == Path("/mnt/artifacts")
     assert default_root(None) == Path("/mnt/artifacts")
+
+
+def test_a_file_given_as_the_artifact_directory_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, `verify --artifacts FILE` reported every artifact missing (exit 0), and `ledger run prepare` with
+    LEDGER_ARTIFACTS=FILE failed at its first write, after pretraining the seed."""
+    from typer.testing import CliRunner
+
+    from ledger.artifacts import artifact_dir, default_root, workdir_root
+    from ledger.cli import app
+    from ledger.errors import InputError
+    from ledger.receipts import make_receipt
+
+    a_file = tmp_path / "artifacts"
+    a_file.write_bytes(b"not a directory")
+    assert artifact_dir(tmp_path / "new") == tmp_path / "new"  # not made yet: fine
+    with pytest.raises(InputError, match=f"artifact directory {a_file} is a regular file, not a directory"):
+        artifact_dir(a_file)
+    with pytest.raises(InputError):  # the default beside an SQLite ledger
+        default_root(f"sqlite:///{tmp_path / 'ledger.db'}")
+    monkeypatch.setenv("LEDGER_ARTIFACTS", "/dev/null")
+    for where in (lambda: default_root(None), lambda: workdir_root(tmp_path)):
+        with pytest.raises(InputError, match="/dev/null is a character device, not a directory"):
+            where()
+    monkeypatch.delenv("LEDGER_ARTIFACTS")
+    db = tmp_path / "l.db"
+    assert CliRunner().invoke(app, ["init", "--db", str(db)]).exit_code == 0
+    receipt = make_receipt("note")
+    (tmp_path / "r.jsonl").write_bytes(receipt.body + b"\n")
+    assert CliRunner().invoke(app, ["append", str(tmp_path / "r.jsonl"), "--db", str(db)]).exit_code == 0
+    result = CliRunner().invoke(app, ["verify", receipt.id, "--db", str(db), "--artifacts", str(a_file)])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr == f"ledger: error: artifact directory {a_file} is a regular file, not a directory\n"
