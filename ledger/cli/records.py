@@ -11,7 +11,7 @@ from typing import Annotated, Any, BinaryIO
 
 import typer
 
-from ledger.cli.common import INT64_MAX, DbOpt, JsonOpt, add_row, emit_json, open_store, out
+from ledger.cli.common import INT64_MAX, DbOpt, JsonOpt, add_row, emit_json, open_store, out, plain_table
 from ledger.errors import InputError
 
 
@@ -174,16 +174,10 @@ def log(
     if json_out:
         emit_json([_receipt_json(s) for s in found])
         return
-    from rich.table import Table
-
-    table = Table(show_edge=False)
-    for col in ("seq", "id", "kind", "run", "rank", "step", "parents"):
-        table.add_column(col)
-    for s in found:
-        r = s.receipt
-        add_row(table, str(s.seq), r.id[:23], r.kind, r.run or "", _opt(r.rank), _opt(r.step), str(len(r.parents)))
-    out.print(table)
-    out.print(f"{len(found)} receipt(s)")
+    rows = ((str(s.seq), s.receipt.id[:23], s.receipt.kind, s.receipt.run or "", _opt(s.receipt.rank),
+             _opt(s.receipt.step), str(len(s.receipt.parents))) for s in found)
+    typer.echo(plain_table(("seq", "id", "kind", "run", "rank", "step", "parents"), rows))
+    typer.echo(f"{len(found)} receipt(s)")
 
 
 def _opt(value: int | None) -> str:

@@ -190,6 +190,21 @@ def test_log_filters_and_json(chain_db: tuple[str | Path, ReceiptChain], make_ch
     assert "2 receipt(s)" in table
 
 
+def test_log_prints_every_cell_whole_whatever_the_width(ledger_db: Path, tmp_path: Path) -> None:
+    """In an 80-column pipe rich cut the id column to 'blake3:892155f…' beside a long run name (the ellipsis is no
+    reference to paste), and it took a minute for 100,000 rows: the table is plain text of the cells' own widths."""
+    run_name = "r" * 200  # the longest a name may be
+    notes = [make_receipt("note", run=run_name, rank=i, step=10 ** 12 + i) for i in range(3)]
+    ok("append", write_receipts(tmp_path / "notes.jsonl", notes), "--db", ledger_db)
+    lines = ok("log", "--db", ledger_db).stdout.splitlines()
+    assert lines[0].split() == ["seq", "┃", "id", "┃", "kind", "┃", "run", "┃", "rank", "┃", "step", "┃", "parents"]
+    assert set(lines[1]) == {"━", "╇"} and lines[-1] == "3 receipt(s)"
+    for i, (line, note) in enumerate(zip(lines[2:-1], notes, strict=True)):
+        assert line.split() == [str(i + 1), "│", note.id[:23], "│", "note", "│", run_name, "│", str(i), "│",
+                                str(10 ** 12 + i), "│", "0"]
+    assert len({line.index("│") for line in lines[2:-1]}) == 1  # columns aligned
+
+
 def test_verify_ok_and_json(chain_db: tuple[str | Path, ReceiptChain]) -> None:
     db, c = chain_db
     result = ok("verify", c.eval.id, "--db", db)
