@@ -59,6 +59,9 @@ def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
         raise InputError("the ledger database is empty: give an SQLite path or an SQLAlchemy URL (--db)")
     value = os.fspath(db) if db is not None else os.environ.get(ENV_DB) or DEFAULT_DB
     if "://" in value:
+        if value.startswith("sqlite") and sqlite_path(value) is None:
+            raise InputError(f"the ledger database {value} is an in-memory SQLite database: it would hold nothing from "
+                             f"one command to the next; give a file path or a server's URL")
         return value
     return f"sqlite:///{expand_home(value).resolve()}"
 

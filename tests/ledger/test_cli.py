@@ -409,6 +409,16 @@ def test_db_commands_refuse_what_is_not_a_ledger_and_unknown_revisions(tmp_path:
     assert "unknown schema revision" in fails(2, "db", "downgrade", "nope", "--db", ledger_db)
 
 
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_ledger_is_refused(url: str) -> None:
+    """`ledger init --db sqlite://` said 'ledger ready (0 receipts)' for a database gone when the command ended, and
+    every other command advised `ledger db upgrade --db sqlite://`, which leaves nothing either."""
+    for args in (("init",), ("log",), ("db", "upgrade"), ("audit", "--no-record")):
+        line = fails(2, *args, "--db", url)
+        assert line == (f"ledger: error: the ledger database {url} is an in-memory SQLite database: it would hold "
+                        "nothing from one command to the next; give a file path or a server's URL"), args
+
+
 def test_an_empty_db_option_is_refused_and_an_empty_environment_variable_is_unset(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--db ''`` (``--db "$DB"`` with DB unset) was taken as the current directory; an empty LEDGER_DB is unset,
