@@ -120,6 +120,7 @@ def train_cmd(
         if a not in ARMS:
             raise typer.BadParameter(f"unknown arm {a!r}; choose from {', '.join(ARMS)} or all", param_hint="--arm")
     url = run_db(db, workdir)
+    total = steps or _config_steps(url, workdir, prepared)  # the experiment found before anything is written
     hosts = _hosts(on_hosts, max(ARMS[a].world for a in arms), url)
     results = []
     for a in arms:
@@ -128,7 +129,7 @@ def train_cmd(
         progress.unlink(missing_ok=True)
         started = time.perf_counter()
         launched, run = _with_progress(
-            f"train {a}", steps or _config_steps(url, workdir, prepared), progress,
+            f"train {a}", total, progress,
             lambda a=a, progress=progress: train_arm(workdir, url, a, prepared=prepared, steps=steps,
                                                      extra=["--progress", str(progress)], hosts=hosts),
         )

@@ -431,3 +431,11 @@ def test_an_empty_db_option_is_refused_and_an_empty_environment_variable_is_unse
     assert not (tmp_path / "exp").exists()  # refused before its work directory or its operator key is made
     monkeypatch.setenv("LEDGER_DB", "")
     assert f"no ledger at {tmp_path / 'ledger.db'}" in fails(4, "log")  # the default file, absent here
+
+
+def test_run_train_without_an_experiment_writes_nothing(ledger_db: Path, tmp_path: Path) -> None:
+    """The experiment is looked up before the work directory's logs are made (a failed command left `logs/`)."""
+    workdir = tmp_path / "new-workdir"
+    line = fails(3, "run", "train", "--arm", "single", "--workdir", workdir, "--db", ledger_db)
+    assert line == "ledger: error: no prepare receipt in the ledger: run `ledger run prepare` first"
+    assert not workdir.exists()
