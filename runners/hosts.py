@@ -112,8 +112,11 @@ class Network:
     subnet: str = "10.231.7.0/24"
 
     def __post_init__(self) -> None:
-        net = ipaddress.ip_network(self.subnet)
-        if net.version != 4 or net.prefixlen != 24 or not net.is_private:
+        try:
+            net = ipaddress.ip_network(self.subnet)
+        except ValueError:  # not a network, or host bits set (10.231.7.5/24)
+            net = None
+        if net is None or net.version != 4 or net.prefixlen != 24 or not net.is_private:
             raise InputError(f"subnet {self.subnet}: give a private IPv4 /24 (e.g. 10.231.7.0/24)")
         if not re.fullmatch(r"[a-z][a-z0-9]{0,9}", self.prefix):
             raise InputError(f"prefix {self.prefix!r}: 1-10 lowercase letters and digits, starting with a letter")

@@ -100,6 +100,10 @@ def test_network_names_and_addresses() -> None:
     for bad in (("ledger", "8.8.8.0/24"), ("ledger", "10.0.0.0/16"), ("Bad-Name", "10.231.7.0/24")):
         with pytest.raises(InputError):
             Network(*bad)
+    # not a network at all (ipaddress's ValueError was a traceback from `ledger hosts up --subnet`), host bits set
+    for subnet in ("999.1.2.0/24", "abc", "", "10.231.7.5/24", "fd00::/120"):
+        with pytest.raises(InputError, match="give a private IPv4 /24"):
+            Network("ledger", subnet)
 
 
 def test_host_commands_put_rank_k_on_host_k() -> None:
