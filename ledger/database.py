@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlparse
 
-from ledger.errors import DatabaseError, InputError
+from ledger.errors import DatabaseError, InputError, quoted
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -59,11 +59,27 @@ def resolve_url(db: str | os.PathLike[str] | None = None) -> str:
         raise InputError("the ledger database is empty: give an SQLite path or an SQLAlchemy URL (--db)")
     value = os.fspath(db) if db is not None else os.environ.get(ENV_DB) or DEFAULT_DB
     if "://" in value:
+        _check_url(value)
         if value.startswith("sqlite") and sqlite_path(value) is None:
             raise InputError(f"the ledger database {value} is an in-memory SQLite database: it would hold nothing from "
                              f"one command to the next; give a file path or a server's URL")
         return value
     return f"sqlite:///{expand_home(value).resolve()}"
+
+
+def _check_url(value: str) -> None:
+    """An SQLAlchemy URL that parses, else InputError (SQLAlchemy raises a bare ValueError for a port that is not a
+    number, ``postgresql://host:abc/db``). Plain ``sqlite:///path`` URLs are not parsed here (no SQLAlchemy)."""
+    if _PLAIN_SQLITE.fullmatch(value):
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(value)
+    except (ArgumentError, ValueError) as exc:
+        shown = re.sub(r"//[^@/]*@", "//***@", value)  # as display_url shows it: no password in an error line
+        raise InputError(f"the ledger database {quoted(shown)} is not a database URL ({exc})") from None
 
 
 _PLAIN_SQLITE = re.compile(r"sqlite:///([^?#%]+)")  # what resolve_url makes of a path: no query, nothing quoted
@@ -219,7 +235,12 @@ def make_engine(url: str) -> Engine:
         postgres = make_url(url).get_backend_name() == "postgresql"
         # READ COMMITTED whatever the server's default: each statement after the lock sees every append committed
         # before it was granted (under REPEATABLE READ the snapshot would be taken before the lock).
-        engine = create_engine(url, pool_pre_ping=True, **({"isolation_level": "READ COMMITTED"} if postgres else {}))
+        try:
+            engine = create_engine(url, pool_pre_ping=True,
+                                   **({"isolation_level": "READ COMMITTED"} if postgres else {}))
+        except ImportError as exc:  # the dialect's DBAPI module (mysql:// without MySQLdb, say)
+            raise DatabaseError(f"database {display_url(url)}: its driver is not installed (no module "
+                                f"{exc.name or exc!s})") from None
         if postgres:
 
             @event.listens_for(engine, "begin")

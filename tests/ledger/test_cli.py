@@ -419,6 +419,22 @@ def test_an_in_memory_ledger_is_refused(url: str) -> None:
                         "nothing from one command to the next; give a file path or a server's URL"), args
 
 
+def test_a_malformed_database_url_or_a_missing_driver_is_one_line() -> None:
+    """SQLAlchemy raises a bare ValueError for a port that is not a number, and importing an absent driver is a
+    ModuleNotFoundError: both were tracebacks. The password never reaches the line."""
+    line = fails(2, "log", "--db", "postgresql://alice:s3cret@db.example:abc/ledger")
+    assert line == ("ledger: error: the ledger database 'postgresql://***@db.example:abc/ledger' is not a database URL "
+                    "(invalid literal for int() with base 10: 'abc')")
+    assert "is not a database URL" in fails(2, "log", "--db", "postgresql://[::1")
+    assert "is not a database URL" in fails(2, "show", "abcd", "--db", "://ledger")
+    import importlib.util
+
+    assert importlib.util.find_spec("MySQLdb") is None  # not a dependency of ours: the driver that is missing
+    line = fails(4, "log", "--db", "mysql://alice:s3cret@db.example/ledger")
+    assert line == ("ledger: error: database mysql://***@db.example/ledger: its driver is not installed (no module "
+                    "MySQLdb)")
+
+
 def test_an_empty_db_option_is_refused_and_an_empty_environment_variable_is_unset(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--db ''`` (``--db "$DB"`` with DB unset) was taken as the current directory; an empty LEDGER_DB is unset,
