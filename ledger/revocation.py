@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ledger import chain, tlog
-from ledger.errors import InputError, LookupFailed, VerificationError
-from ledger.note import ALG_ED25519, Signer
+from ledger.errors import LookupFailed, VerificationError
+from ledger.note import Signer
 from ledger.reads import scalar
 from ledger.receipts import Kind, Receipt, make_receipt
 from ledger.rules import KEY_REVOCATION_FORMAT
-from ledger.signing import load_public_key
+from ledger.signing import load_public_key, operator_key
 from ledger.store import Store, Stored
 from ledger.tlog import LeafSignature
 from ledger.transparency import RegisteredKey, logged_key_receipts, registered_keys
@@ -156,9 +156,7 @@ def check_revoker(signer: Signer | None, label: str, keys: dict[str, RegisteredK
     if signer is None:
         raise RevocationRefused(label, "a revocation must be signed by a registered key: set LEDGER_SIGNING_KEY to "
                                 "one (or use `ledger keys revoke`)", expected=sorted(keys), actual=None)
-    if signer.alg != ALG_ED25519:
-        raise InputError(f"key {signer.name} is a witness (cosignature/v1) key: revocations are signed with an "
-                         f"Ed25519 operator key")
+    operator_key(signer, "revocations")
     me = signer.verifier
     mine = keys.get(me.label)
     if mine is None or mine.verifier != me:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger import digests
-from ledger.errors import quoted
+from ledger.errors import InputError, quoted
 from ledger.note import ALG_ED25519, Signer, Verifier, ed25519_public_key, ed25519_verify
 from ledger.transparency_errors import KeyFileExposed, MalformedKey, SignatureInvalid, UnknownKey
 
@@ -125,6 +125,16 @@ def load_verifier_key(value: str) -> Verifier:
         raise MalformedKey(f"{quoted(value)} is neither a verifier key (<name>+<8 hex digits>+<base64>) nor a file "
                            "holding one")
     return Verifier.from_key(value)
+
+
+def operator_key(signer: Signer, what: str, *, given: str | None = None) -> Signer:
+    """``signer`` if it is an Ed25519 operator key. A witness's key (cosignature/v1) signs cosignatures and nothing
+    else: given to sign ``what`` (receipts, log heads, ...) it is refused, InputError (exit 2), before anything is
+    signed or appended. ``given`` names where it came from (default: the key's name)."""
+    if signer.alg != ALG_ED25519:
+        raise InputError(f"{given or f'key {signer.name}'} is a witness (cosignature/v1) key: {what} are signed with "
+                         "an Ed25519 operator key")
+    return signer
 
 
 def public_key(signer: Signer) -> str:

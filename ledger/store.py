@@ -55,7 +55,7 @@ from ledger.errors import (
     UnknownExperiment,
     UnknownReceipt,
 )
-from ledger.note import ALG_ED25519, Signer
+from ledger.note import Signer
 from ledger.reads import (
     MATCHES,
     MIN_PREFIX,
@@ -75,8 +75,7 @@ from ledger.reads import (
     stored_bytes,
 )
 from ledger.receipts import Receipt
-from ledger.signing import load_private_key
-from ledger.transparency_errors import MalformedKey
+from ledger.signing import load_private_key, operator_key
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
@@ -331,10 +330,8 @@ class Store:
         ``$LEDGER_SIGNING_KEY`` is loaded if set (a 0600 file, ledger/signing.py).
         """
         if signer is None and os.environ.get(ENV_SIGNING_KEY):
-            signer = load_private_key(os.environ[ENV_SIGNING_KEY])
-            if signer.alg != ALG_ED25519:
-                raise MalformedKey(f"{ENV_SIGNING_KEY}={os.environ[ENV_SIGNING_KEY]}: a witness (cosignature/v1) key; "
-                                   "receipts are signed with an Ed25519 operator key")
+            signer = operator_key(load_private_key(os.environ[ENV_SIGNING_KEY]), "receipts",
+                                  given=f"{ENV_SIGNING_KEY}={os.environ[ENV_SIGNING_KEY]}")
         url = resolve_url(db)
         plain = plain_sqlite_path(url)
         if plain is not None:

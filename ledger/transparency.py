@@ -45,7 +45,14 @@ from ledger.errors import (
 from ledger.reads import Reads, stored_bytes
 from ledger.receipts import Kind, Receipt, make_receipt
 from ledger.rules import KEY_FORMAT, KEY_REVOCATION_FORMAT
-from ledger.signing import ReceiptSignature, generate_key, load_private_key, load_public_key, save_private_key
+from ledger.signing import (
+    ReceiptSignature,
+    generate_key,
+    load_private_key,
+    load_public_key,
+    operator_key,
+    save_private_key,
+)
 from ledger.store import Store, Stored
 from ledger.tlog import LeafSignature, LogCorrupt
 from ledger.transparency_errors import KeyDirectoryExposed
@@ -194,8 +201,10 @@ def key_receipt(verifier: note.Verifier, *, rank: int | None = None, run: str | 
 
 
 def register_key(store: Store, signer: note.Signer, *, rank: int | None = None, run: str | None = None) -> Stored:
-    """Append the key's registration, signed by the key itself (idempotent: the same registration is one receipt)."""
-    return store.append(key_receipt(signer.verifier, rank=rank, run=run), signer=signer)
+    """Append the key's registration, signed by the key itself (idempotent: the same registration is one receipt).
+    Only operator keys are registered: a witness's key is refused before a receipt is made."""
+    return store.append(key_receipt(operator_key(signer, "key registrations").verifier, rank=rank, run=run),
+                        signer=signer)
 
 
 @dataclass(frozen=True)
@@ -289,9 +298,7 @@ def current_checkpoint(store: Store) -> note.Checkpoint:
 def sign_head(store: Store, signer: note.Signer, *, record: bool = True) -> bytes:
     """The current checkpoint as a signed note (C2SP tlog-checkpoint in a signed-note) by ``signer``. With ``record``
     (and a writable ledger) it is also kept in ``log_checkpoints``."""
-    if signer.alg != note.ALG_ED25519:
-        raise InputError(f"key {signer.name} is a witness (cosignature/v1) key: log heads are signed with an "
-                         f"Ed25519 operator key")
+    operator_key(signer, "log heads")
     checkpoint = current_checkpoint(store)
     signed = note.sign_checkpoint(checkpoint, signer)
     if record and store.readonly is None:
@@ -516,7 +523,6 @@ def export_attestation(store: Store, artifacts: ArtifactStore, ref: str, signer:
     """:func:`attestation_statement` in a DSSE envelope signed by ``signer`` (keyid: its label)."""
     from ledger import dsse
 
-    if signer.alg != note.ALG_ED25519:
-        raise InputError(f"key {signer.name} is a witness key: attestations are signed with an operator key")
+    operator_key(signer, "attestations")
     stmt = attestation_statement(store, artifacts, ref, signer)
     return dsse.sign_statement(stmt, {signer.verifier.label: signer.private_key})

@@ -174,7 +174,8 @@ def test_key_file_errors_name_the_file(tmp_path: Path, monkeypatch: pytest.Monke
     tp.create_key("w", tmp_path, witness=True)
     monkeypatch.setenv("LEDGER_SIGNING_KEY", str(tmp_path / "w.key"))
     code, _, stderr = cli("log", "--db", str(tmp_path / "absent.db"))
-    assert code == 2 and "LEDGER_SIGNING_KEY" in stderr and "w.key: a witness" in stderr, stderr
+    assert code == 2 and "LEDGER_SIGNING_KEY" in stderr, stderr
+    assert "w.key is a witness (cosignature/v1) key: receipts" in stderr, stderr
 
 
 def test_keys_list_shows_every_good_key_beside_a_bad_file(tmp_path: Path) -> None:
@@ -230,3 +231,30 @@ def test_a_file_given_as_the_key_directory_is_named(tmp_path: Path) -> None:
         assert stderr == f"ledger: error: key directory {not_a_dir} is a regular file, not a directory\n", args
     assert not_a_dir.read_bytes() == b"a file"
     assert tp.list_keys(tmp_path / "none") == ([], [])  # a directory not made yet holds no key
+
+
+def test_a_witness_key_signs_nothing_but_cosignatures(tmp_path: Path) -> None:
+    """Given where an operator key goes, a witness's key is refused in one line (exit 2) before anything is signed
+    or appended. Registering one used to append nothing and fail as a broken chain rule (exit 1)."""
+    keys, db = tmp_path / "keys", tmp_path / "ledger.db"
+    for args in (("keys", "new", "op", "--dir", str(keys)), ("keys", "new", "w", "--witness", "--dir", str(keys)),
+                 ("init", "--db", str(db)), ("keys", "register", "op", "--dir", str(keys), "--db", str(db))):
+        assert cli(*args)[0] == 0, args
+    receipts = tmp_path / "r.jsonl"
+    receipts.write_bytes(make_receipt("note").body + b"\n")
+    with sqlite3.connect(db) as conn:
+        before = conn.execute("SELECT count(*) FROM receipts").fetchone()[0]
+    cases = {("keys", "register", "w", "--dir", str(keys), "--db", str(db)): ("key w", "key registrations"),
+             ("log-head", "--key", "w", "--dir", str(keys), "--db", str(db)): ("key w", "log heads"),
+             ("keys", "revoke", "op", "--key", "w", "--dir", str(keys), "--db", str(db)): ("key w", "revocations"),
+             ("export", "--in-toto", "0000", "--key", "w", "--dir", str(keys), "--db", str(db)):
+                 ("key w", "attestations")}
+    for args, (who, what) in cases.items():
+        code, stdout, stderr = cli(*args)
+        assert (code, stdout) == (2, ""), (args, stderr)
+        assert stderr == (f"ledger: error: {who} is a witness (cosignature/v1) key: {what} are signed with an "
+                          "Ed25519 operator key\n"), args
+    code, _, stderr = cli("append", str(receipts), "--db", str(db), env={"LEDGER_SIGNING_KEY": str(keys / "w.key")})
+    assert code == 2 and f"LEDGER_SIGNING_KEY={keys / 'w.key'} is a witness (cosignature/v1) key: receipts" in stderr
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM receipts").fetchone()[0] == before  # nothing appended
