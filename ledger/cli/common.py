@@ -110,8 +110,10 @@ ArtifactsOpt = Annotated[
     Path | None,
     typer.Option("--artifacts", help="Artifact directory. Default $LEDGER_ARTIFACTS or artifacts/ beside the db."),
 ]
-def _digest_option(value: str | None) -> str | None:
-    """A digest option's value, refused in one line (MalformedDigest, exit 2) unless ``blake3:<64 hex>``: a typo
+
+
+def _prepared_option(value: str | None) -> str | None:
+    """``--prepared``'s value, refused in one line (MalformedDigest, exit 2) unless ``blake3:<64 hex>``: a typo
     is named as one, not looked up and reported missing."""
     if value is not None:
         from ledger.digests import check_digest
@@ -121,7 +123,7 @@ def _digest_option(value: str | None) -> str | None:
 
 
 PreparedOpt = Annotated[str | None, typer.Option(help="Prepared digest (default: the latest prepare).",
-                                                  callback=_digest_option)]
+                                                  callback=_prepared_option)]
 WorkdirOpt = Annotated[Path, typer.Option("--workdir", help="Experiment directory (runs, checkpoints, logs).")]
 RunDbOpt = Annotated[
     str | None,
