@@ -237,18 +237,19 @@ def test_a_witness_key_signs_nothing_but_cosignatures(tmp_path: Path) -> None:
     """Given where an operator key goes, a witness's key is refused in one line (exit 2) before anything is signed
     or appended. Registering one used to append nothing and fail as a broken chain rule (exit 1)."""
     keys, db = tmp_path / "keys", tmp_path / "ledger.db"
-    for args in (("keys", "new", "op", "--dir", str(keys)), ("keys", "new", "w", "--witness", "--dir", str(keys)),
-                 ("init", "--db", str(db)), ("keys", "register", "op", "--dir", str(keys), "--db", str(db))):
-        assert cli(*args)[0] == 0, args
+    for setup in (("keys", "new", "op", "--dir", str(keys)), ("keys", "new", "w", "--witness", "--dir", str(keys)),
+                  ("init", "--db", str(db)), ("keys", "register", "op", "--dir", str(keys), "--db", str(db))):
+        assert cli(*setup)[0] == 0, setup
     receipts = tmp_path / "r.jsonl"
     receipts.write_bytes(make_receipt("note").body + b"\n")
     with sqlite3.connect(db) as conn:
         before = conn.execute("SELECT count(*) FROM receipts").fetchone()[0]
-    cases = {("keys", "register", "w", "--dir", str(keys), "--db", str(db)): ("key w", "key registrations"),
-             ("log-head", "--key", "w", "--dir", str(keys), "--db", str(db)): ("key w", "log heads"),
-             ("keys", "revoke", "op", "--key", "w", "--dir", str(keys), "--db", str(db)): ("key w", "revocations"),
-             ("export", "--in-toto", "0000", "--key", "w", "--dir", str(keys), "--db", str(db)):
-                 ("key w", "attestations")}
+    cases: dict[tuple[str, ...], tuple[str, str]] = {
+        ("keys", "register", "w", "--dir", str(keys), "--db", str(db)): ("key w", "key registrations"),
+        ("log-head", "--key", "w", "--dir", str(keys), "--db", str(db)): ("key w", "log heads"),
+        ("keys", "revoke", "op", "--key", "w", "--dir", str(keys), "--db", str(db)): ("key w", "revocations"),
+        ("export", "--in-toto", "0000", "--key", "w", "--dir", str(keys), "--db", str(db)): ("key w", "attestations"),
+    }
     for args, (who, what) in cases.items():
         code, stdout, stderr = cli(*args)
         assert (code, stdout) == (2, ""), (args, stderr)
