@@ -508,7 +508,20 @@ class CheckpointState:
         if self.manifest is not None:
             out["manifest_checkpoint"] = self.manifest.checkpoint
             out["manifest_matches"] = self.manifest.checkpoint == self.digest
+            if self.files is not None:
+                out["manifest_files_match"] = self.first_file_difference() is None
         return out
+
+    def first_file_difference(self) -> tuple[str, str | None, str | None] | None:
+        """The first file (by name) whose digest the manifest records otherwise than the directory's bytes hash to:
+        (name, recorded, found), None for a file on one side only; None when every file agrees or either side is
+        unknown (no manifest, files not hashed)."""
+        if self.manifest is None or self.files is None:
+            return None
+        for name in sorted(set(self.manifest.files) | set(self.files)):
+            if self.manifest.files.get(name) != self.files.get(name):
+                return name, self.manifest.files.get(name), self.files.get(name)
+        return None
 
 
 # ---------------------------------------------------------------------------------------------- layout

@@ -97,6 +97,13 @@ def digest(
     if state.manifest is not None and state.manifest.checkpoint != state.digest:
         typer.echo(f"ledger: warning: {path}/manifest.json records {state.manifest.checkpoint}, but the files hash "
                    f"to {state.digest} (see `ledger verify`)", err=True)
+    differs = state.first_file_difference()  # with --files: the files the manifest records, against the directory
+    if differs is not None:
+        name, recorded, found = differs
+        what = (f"records file {name!r} as {recorded}, but its bytes hash to {found}" if recorded and found else
+                f"records file {name!r}, which the directory does not hold" if recorded else
+                f"does not record file {name!r}, which the directory holds")
+        typer.echo(printable(f"ledger: warning: {path}/manifest.json {what} (see `ledger verify`)"), err=True)
     if json_out:
         emit_json(result)
         return

@@ -76,6 +76,29 @@ def test_digest_warns_when_the_manifest_disagrees(tmp_path: Path) -> None:
     assert "warning" in result.stderr and "manifest.json records" in result.stderr
 
 
+def test_digest_files_warns_when_the_manifest_records_other_files(tmp_path: Path) -> None:
+    """The state digest alone cannot see a manifest whose `files` map names a file the directory does not hold (a
+    `../` name, say) or records another digest for one: with --files, `digest` says which (exit 0: it reports)."""
+    root = make_checkpoint(tmp_path / "ckpt")
+    manifest = json.loads((root / "manifest.json").read_bytes())
+    assert json.loads(run("digest", root, "--json", "--files").stdout)["manifest_files_match"] is True
+    manifest["files"]["../outside.safetensors"] = manifest["files"].pop("model.safetensors")
+    (root / "manifest.json").write_bytes(digests.canonical_bytes(manifest))
+    result = run("digest", root, "--json", "--files")
+    assert result.exit_code == 0 and json.loads(result.stdout)["manifest_files_match"] is False
+    assert json.loads(result.stdout)["manifest_matches"] is True  # the state digest cannot tell
+    assert result.stderr == (f"ledger: warning: {root}/manifest.json records file '../outside.safetensors', which "
+                             "the directory does not hold (see `ledger verify`)\n")
+    manifest["files"]["model.safetensors"] = manifest["files"].pop("../outside.safetensors")
+    manifest["files"]["rng.json"] = fake_digest("other")
+    (root / "manifest.json").write_bytes(digests.canonical_bytes(manifest))
+    found = digests.file_digest(root / "rng.json")
+    assert run("digest", root, "--files").stderr == (
+        f"ledger: warning: {root}/manifest.json records file 'rng.json' as {fake_digest('other')}, but its bytes "
+        f"hash to {found} (see `ledger verify`)\n")
+    assert "manifest_files_match" not in json.loads(run("digest", root, "--json").stdout)  # files not hashed
+
+
 @pytest.mark.parametrize("kind", ["pickle", "zip"])
 def test_digest_and_compare_refuse_pickles_and_leave_no_marker(tmp_path: Path, kind: str) -> None:
     marker = tmp_path / "MARKER"
