@@ -111,6 +111,8 @@ def sqlite_path(url: str) -> Path | None:
     if not db or db == ":memory:":
         return None
     if _truthy(parsed.query.get("uri")) and db.startswith("file:"):
+        if parsed.query.get("mode") == "memory":  # file:name?mode=memory: a named in-memory database, no file
+            return None
         db = unquote(urlparse(db).path)
         if not db or db == ":memory:":
             return None

@@ -409,7 +409,7 @@ def test_db_commands_refuse_what_is_not_a_ledger_and_unknown_revisions(tmp_path:
     assert "unknown schema revision" in fails(2, "db", "downgrade", "nope", "--db", ledger_db)
 
 
-@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:led?mode=memory&uri=true"])
 def test_an_in_memory_ledger_is_refused(url: str) -> None:
     """`ledger init --db sqlite://` said 'ledger ready (0 receipts)' for a database gone when the command ended, and
     every other command advised `ledger db upgrade --db sqlite://`, which leaves nothing either."""
