@@ -189,14 +189,16 @@ def plain_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
                       *(line(r, "\u2502") for r in cells)])
 
 
-def print_wide(table: Table, console: Console | None = None) -> None:
-    """Print a table at its natural width: digests and tensor names are never elided, even in a pipe."""
+def print_wide(table: Table, console: Console | None = None, *, at_least: int | None = None) -> None:
+    """Print a table at its natural width: digests and tensor names are never elided, even in a pipe. With
+    ``at_least``, at the terminal's width or that many columns if wider (long cells fold, but not below it)."""
     from rich.console import Console
     from rich.measure import Measurement
 
     console = console or out
     if isinstance(console, LazyConsole):
         console = console.console
-    need = Measurement.get(console, console.options.update(width=100_000), table).maximum
+    need = (at_least if at_least is not None
+            else Measurement.get(console, console.options.update(width=100_000), table).maximum)
     Console(highlight=False, soft_wrap=True, markup=False, width=max(console.width, need),
             file=console.file).print(table)

@@ -11,7 +11,17 @@ from typing import Annotated, Any, BinaryIO
 
 import typer
 
-from ledger.cli.common import INT64_MAX, DbOpt, JsonOpt, add_row, emit_json, open_store, out, plain_table
+from ledger.cli.common import (
+    INT64_MAX,
+    DbOpt,
+    JsonOpt,
+    add_row,
+    emit_json,
+    open_store,
+    out,
+    plain_table,
+    print_wide,
+)
 from ledger.errors import InputError
 
 
@@ -132,21 +142,21 @@ def show(
     table = Table(title=f"{r.kind} receipt", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    add_row(table, "id", r.id)
-    for name in ("run", "rank", "step", "prepared", "selection"):
-        value = getattr(r, name)
-        if value is not None:
-            add_row(table, name, str(value))
-    for p in r.parents:
-        add_row(table, "parent", p)
-    for name, digest in sorted(r.artifacts.items()):
-        add_row(table, f"artifact {name}", digest)
+    rows: list[tuple[str, str]] = [("id", r.id)]
+    rows += [(name, str(getattr(r, name))) for name in ("run", "rank", "step", "prepared", "selection")
+             if getattr(r, name) is not None]
+    rows += [("parent", p) for p in r.parents]
+    rows += [(f"artifact {name}", digest) for name, digest in sorted(r.artifacts.items())]
     for name, value in sorted(r.measurements.items()):
         shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
         if len(shown) > SHOWN_MAX:  # folding a long cell costs rich time quadratic in its length (16 MB: 87 s)
             shown = f"{shown[:SHOWN_MAX]}... ({len(shown):,} characters in all: --json or --raw prints them)"
-        add_row(table, name, shown)
-    out.print(table)
+        rows.append((name, shown))
+    for name, value in rows:
+        add_row(table, name, value)
+    # Wide enough that an id or a digest (71 characters) is never folded across two lines, even in an 80-column
+    # pipe (a copied or grepped id must be whole); a longer measurement still folds.
+    print_wide(table, at_least=max(len(name) for name, _ in rows) + len(r.id) + 7)
     if r.kind in ("eval", "comparison", "quality"):  # breakdowns, comparisons and conditions as tables
         from ledger.cli.render import render_receipt
 

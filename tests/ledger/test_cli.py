@@ -21,7 +21,7 @@ from ledger.errors import AmbiguousReceipt, LedgerError, UnknownReceipt
 from ledger.models import SCHEMA_HEAD
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
-from tests.conftest import ReceiptChain
+from tests.conftest import ReceiptChain, fake_digest
 from tests.pg import Cluster, raw_rows
 
 MakeChain = Callable[..., ReceiptChain]
@@ -455,3 +455,16 @@ def test_run_train_without_an_experiment_writes_nothing(ledger_db: Path, tmp_pat
     line = fails(3, "run", "train", "--arm", "single", "--workdir", workdir, "--db", ledger_db)
     assert line == "ledger: error: no prepare receipt in the ledger: run `ledger run prepare` first"
     assert not workdir.exists()
+
+
+def test_show_prints_ids_and_digests_whole_in_an_80_column_pipe(ledger_db: Path, tmp_path: Path) -> None:
+    """rich folded a 71-character id across two lines at 80 columns: copied or grepped, it was two halves."""
+    root = make_receipt("note", measurements={"i": 0})
+    child = make_receipt("note", parents=[root], measurements={"model": fake_digest("m"), "long": "x" * 300})
+    ok("append", write_receipts(tmp_path / "r.jsonl", [root, child]), "--db", ledger_db)
+    result = run("show", child.id, "--db", ledger_db, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    for whole in (child.id, root.id, fake_digest("m")):
+        assert sum(whole in line for line in lines) == 1, (whole, result.stdout)
+    assert all(len(line) <= len(child.id) + len("parent") + 7 for line in lines)  # a long value still folds
