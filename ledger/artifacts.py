@@ -53,16 +53,9 @@ def default_root(db_url: str | None = None) -> Path:
 
 
 def artifact_dir(path: Path) -> Path:
-    """``path`` as an artifact directory. One that does not exist yet is fine (its artifacts are reported missing,
-    or a writer makes it); a file there is a mistake, named (InputError, exit 2) before any work, not a directory
-    whose every artifact is missing or a write that fails at the end of a run."""
-    try:
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return path
-    if not stat.S_ISDIR(mode):
-        raise InputError(f"artifact directory {path} is {digests.file_kind(mode)}, not a directory")
-    return path
+    """``path`` as an artifact directory (:func:`ledger.digests.absent_or_directory`): a file there is named before
+    any work, not a directory whose every artifact is missing or a write that fails at the end of a run."""
+    return digests.absent_or_directory(path, "artifact directory")
 
 
 def _create_temp(directory: Path, name: str) -> tuple[int, Path]:

@@ -38,12 +38,13 @@ import re
 import stat
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import blake3
 import orjson
 
-from ledger.errors import MalformedDigest, NonCanonical, UnsafeFile
+from ledger.errors import InputError, MalformedDigest, NonCanonical, UnsafeFile
 
 ALGORITHM: Final = "blake3"
 ENCODING_VERSION: Final = 1
@@ -490,6 +491,18 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return kind
     return "not a regular file"
+
+
+def absent_or_directory(path: Path, what: str) -> Path:
+    """``path`` when a directory is there or nothing yet (a writer makes it, a reader finds nothing in it); a file
+    or anything else there is a mistake, named as ``what`` (InputError, exit 2), not a directory found empty."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return path
+    if not stat.S_ISDIR(mode):
+        raise InputError(f"{what} {path} is {file_kind(mode)}, not a directory")
+    return path
 
 
 def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> int:

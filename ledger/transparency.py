@@ -120,14 +120,7 @@ def keys_dir(given: str | os.PathLike[str] | None = None) -> Path:
 def key_directory(given: str | os.PathLike[str] | None = None) -> Path:
     """:func:`keys_dir`, refused (InputError) when something other than a directory is there: a file given as the
     directory is named, not taken for an empty directory or for a key that exists."""
-    root = keys_dir(given)
-    try:
-        mode = root.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return root  # none yet: `keys new` makes it, the others find no key in it
-    if not stat.S_ISDIR(mode):
-        raise InputError(f"key directory {root} is {digests.file_kind(mode)}, not a directory")
-    return root
+    return digests.absent_or_directory(keys_dir(given), "key directory")  # none yet: `keys new` makes it
 
 
 def key_path(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
