@@ -78,8 +78,7 @@ def _check_url(value: str) -> None:
     try:
         make_url(value)
     except (ArgumentError, ValueError) as exc:
-        shown = re.sub(r"//[^@/]*@", "//***@", value)  # as display_url shows it: no password in an error line
-        raise InputError(f"the ledger database {quoted(shown)} is not a database URL ({exc})") from None
+        raise InputError(f"the ledger database {quoted(_masked(value))} is not a database URL ({exc})") from None
 
 
 _PLAIN_SQLITE = re.compile(r"sqlite:///([^?#%]+)")  # what resolve_url makes of a path: no query, nothing quoted
@@ -140,16 +139,21 @@ def _truthy(value: Any) -> bool:
 def unwritable(path: Path) -> str | None:
     """Why this process may not write the SQLite ledger file ``path`` (None: it may). Writing needs the file and
     its directory (WAL's -wal and -shm files live beside it); ``os.access`` says no on a read-only mount too."""
-    try:
-        if os.statvfs(path).f_flag & os.ST_RDONLY:
-            return "the file system is mounted read-only"
-    except OSError:
-        pass
+    if _on_readonly_mount(path):
+        return "the file system is mounted read-only"
     if not os.access(path, os.W_OK):
         return "the file is not writable by this user"
     if not os.access(path.parent, os.W_OK):
         return "its directory is not writable by this user"
     return None
+
+
+def _on_readonly_mount(path: Path) -> bool:
+    """Whether ``path`` is on a file system mounted read-only (False when that cannot be told)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_creatable(path: Path) -> None:
@@ -159,11 +163,7 @@ def check_creatable(path: Path) -> None:
     if not parent.is_dir():
         what = "is not a directory" if parent.exists() else "does not exist"
         raise DatabaseError(f"cannot create a ledger at {path}: the directory {parent} {what}")
-    try:
-        readonly_mount = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
-    except OSError:
-        readonly_mount = False
-    if readonly_mount:
+    if _on_readonly_mount(parent):
         raise DatabaseError(f"cannot create a ledger at {path}: the file system is mounted read-only")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise DatabaseError(f"cannot create a ledger at {path}: the directory {parent} is not writable by this user")
@@ -225,6 +225,11 @@ def display_url(url: str) -> str:
     path = sqlite_path(url)
     if path is not None:
         return str(path)
+    return _masked(url)
+
+
+def _masked(url: str) -> str:
+    """``url`` without its credentials (``//user:secret@`` becomes ``//***@``): what an error line may show."""
     return re.sub(r"//[^@/]*@", "//***@", url)
 
 
