@@ -113,27 +113,33 @@ class InvalidTreeRange(_Malformed):
     kind = "tree range"
 
 
-class KeyFileExposed(UnsafeFile):
-    """A private key file that group or others may access: refused, the way ssh refuses such a key."""
+class _ModeExposesKeys(UnsafeFile):
+    """A key file or directory whose mode lets group or others at the keys: ``mode`` as found, ``expected`` as
+    required, and the chmod that fixes it in the message."""
 
-    def __init__(self, path: str, *, mode: int) -> None:
-        super().__init__(path, f"private key file has mode {mode:04o}; it must not be accessible by group or "
-                               f"others (run `chmod 600 {path}`)")
-        self.expected = "0600"
+    def __init__(self, path: str, mode: int, detail: str, *, chmod: str, expected: str) -> None:
+        super().__init__(path, f"{detail} (run `chmod {chmod} {path}`)")
+        self.expected = expected
         self.actual = f"{mode:04o}"
         self.mode = mode
 
 
-class KeyDirectoryExposed(UnsafeFile):
+class KeyFileExposed(_ModeExposesKeys):
+    """A private key file that group or others may access: refused, the way ssh refuses such a key."""
+
+    def __init__(self, path: str, *, mode: int) -> None:
+        super().__init__(path, mode, f"private key file has mode {mode:04o}; it must not be accessible by group or "
+                                     "others", chmod="600", expected="0600")
+
+
+class KeyDirectoryExposed(_ModeExposesKeys):
     """A key directory that group or others may write to: a new private key is not written there (they could
     remove or replace its keys)."""
 
     def __init__(self, path: str, *, mode: int) -> None:
-        super().__init__(path, f"key directory has mode {mode:04o}; group or others may write to it and so remove or "
-                               f"replace its keys (run `chmod 700 {path}`)")
-        self.expected = "no write access for group or others"
-        self.actual = f"{mode:04o}"
-        self.mode = mode
+        super().__init__(path, mode, f"key directory has mode {mode:04o}; group or others may write to it and so "
+                                     "remove or replace its keys", chmod="700",
+                         expected="no write access for group or others")
 
 
 class LogOriginMismatch(VerificationError):
