@@ -509,19 +509,18 @@ class CheckpointState:
             out["manifest_checkpoint"] = self.manifest.checkpoint
             out["manifest_matches"] = self.manifest.checkpoint == self.digest
             if self.files is not None:
-                out["manifest_files_match"] = self.first_file_difference() is None
+                out["manifest_files_match"] = next(self.file_differences(), None) is None
         return out
 
-    def first_file_difference(self) -> tuple[str, str | None, str | None] | None:
-        """The first file (by name) whose digest the manifest records otherwise than the directory's bytes hash to:
-        (name, recorded, found), None for a file on one side only; None when every file agrees or either side is
-        unknown (no manifest, files not hashed)."""
+    def file_differences(self) -> Iterator[tuple[str, str | None, str | None]]:
+        """Each file (by name) whose digest the manifest records otherwise than the directory's bytes hash to:
+        (name, recorded, found), None for a file on one side only; none when either side is unknown (no manifest,
+        files not hashed)."""
         if self.manifest is None or self.files is None:
-            return None
+            return
         for name in sorted(set(self.manifest.files) | set(self.files)):
             if self.manifest.files.get(name) != self.files.get(name):
-                return name, self.manifest.files.get(name), self.files.get(name)
-        return None
+                yield name, self.manifest.files.get(name), self.files.get(name)
 
 
 # ---------------------------------------------------------------------------------------------- layout
@@ -1212,10 +1211,8 @@ def _walk_mismatches(state: CheckpointState, manifest: Manifest) -> Iterator[tup
             yield f"component {comp!r} {what}", f"components.{comp}", rec_c, act_c
     if manifest.checkpoint != state.digest:
         yield "state digest", "checkpoint", manifest.checkpoint, state.digest
-    files = state.files or {}
-    for name in sorted(set(manifest.files) | set(files)):
-        if manifest.files.get(name) != files.get(name):
-            yield f"file {name!r}", f"files.{name}", manifest.files.get(name, absent), files.get(name, absent)
+    for name, recorded_file, actual_file in state.file_differences():
+        yield f"file {name!r}", f"files.{name}", recorded_file or absent, actual_file or absent
 
 
 def verify_checkpoint(

@@ -97,7 +97,7 @@ def digest(
     if state.manifest is not None and state.manifest.checkpoint != state.digest:
         typer.echo(f"ledger: warning: {path}/manifest.json records {state.manifest.checkpoint}, but the files hash "
                    f"to {state.digest} (see `ledger verify`)", err=True)
-    differs = state.first_file_difference()  # with --files: the files the manifest records, against the directory
+    differs = next(state.file_differences(), None)  # with --files: the manifest's files against the directory's
     if differs is not None:
         name, recorded, found = differs
         what = (f"records file {name!r} as {recorded}, but its bytes hash to {found}" if recorded and found else
