@@ -177,7 +177,9 @@ KINDS: Final[Mapping[Kind, KindSpec]] = MappingProxyType({
                       when={"format": "ledger-settlement/1"}),))),
     Kind.REPORT: KindSpec(
         "the audit's report rendered as one self-contained HTML page (the page's digest)", rules.report,
-        Schema((Shape({"bytes": int, "log_head": (str, type(None))}, when={"format": "ledger-report-html/1"}),))),
+        # Format 2 draws the figures without matplotlib (docs/report.md); format 1 pages still verify.
+        Schema(tuple(Shape({"bytes": int, "log_head": (str, type(None))}, when={"format": f})
+                     for f in ("ledger-report-html/2", "ledger-report-html/1")))),
     Kind.NOTE: KindSpec(
         "free-form evidence (examples, operator remarks); no rule beyond the common ones", rules.no_rule, Schema()),
     Kind.KEY: KindSpec(

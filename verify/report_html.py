@@ -49,55 +49,30 @@ A section whose report part is absent or has a ``status`` (``"not run ..."``) re
 from __future__ import annotations
 
 import html
-import io
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ledger.errors import InputError, printable
 from ledger.experiment.formats import REPORT_HTML_FORMAT
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
+from verify.report_plots import BytesBars, Charts, Forest, Timeline, Trajectory
 
 CONTRACTS = ("quality", "efficiency", "recovery", "serving")
 ARM_ORDER = ("seed", "single", "ddp-four", "diloco-four")
 PHASE_ORDER = ("single", "four", "failure")
-# Okabe-Ito: distinguishable with the common colour-vision deficiencies.
-ARM_COLORS = {"seed": "#7f7f7f", "single": "#0072B2", "ddp-four": "#E69F00", "diloco-four": "#009E73"}
-EXTRA_COLORS = ("#CC79A7", "#56B4E9", "#D55E00", "#000000")
-PART_COLORS = {"update": "#0072B2", "synchronization": "#E69F00", "checkpoint": "#999999"}
 LONG_TABLE = 16  # data tables with more rows than this are folded into a <details>
-
-# The SVG output depends only on these, never on a user's matplotlibrc.
-_RC: dict[str, Any] = {
-    "svg.fonttype": "none",  # text stays <text>: smaller, searchable, independent of font files
-    "svg.image_inline": True,
-    "font.family": "sans-serif",
-    "font.sans-serif": ["DejaVu Sans"],
-    "font.size": 10.0,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "axes.axisbelow": True,
-    "grid.color": "#dddddd",
-    "grid.linewidth": 0.6,
-    "legend.frameon": False,
-    "figure.facecolor": "white",
-}
-_SVG_METADATA = {"Date": None, "Creator": None, "Format": None, "Type": None}  # no <metadata>, no timestamp
-_FIG_W = 5.6  # inches; 72 pt per inch in SVG: about 540 CSS px, so text stays legible scaled to a phone
-
 
 # ------------------------------------------------------------------------------------------------ public
 
 
-def render_report(report: Mapping[str, Any], figures: Mapping[str, Any]) -> bytes:
-    """The report as one self-contained HTML page (UTF-8 bytes); see the module docstring for ``figures``."""
+FORMATS = (REPORT_HTML_FORMAT, "ledger-report-html/1")  # what render_report renders; the first is written
+
+
+def render_report(report: Mapping[str, Any], figures: Mapping[str, Any], format: str = REPORT_HTML_FORMAT) -> bytes:
+    """The report as one self-contained HTML page (UTF-8 bytes) in ``format`` (one of :data:`FORMATS`); see the
+    module docstring for ``figures``."""
+    charts = _charts(format)
     if not isinstance(report, Mapping):
         raise InputError(f"report: expected a mapping, got {type(report).__name__}")
     if not isinstance(figures, Mapping):
@@ -107,23 +82,26 @@ def render_report(report: Mapping[str, Any], figures: Mapping[str, Any]) -> byte
         raise InputError("figures.log_head: required (None when no log head was exported)")
     if figures["log_head"] is not None:
         _require_str(figures, "log_head", "figures")
-    page = _Page(report, figures)
-    with _plotting():
+    page = _Page(report, figures, charts)
+    with charts.session():
         body = page.body()
-    return _document(report, body).encode("utf-8")
+    return _document(report, body, charts.format).encode("utf-8")
+
+
+def _charts(format: str) -> Charts:
+    """What draws the figures of ``format``: only the figures differ between the formats."""
+    if format == REPORT_HTML_FORMAT:
+        from verify.report_charts import SvgCharts
+
+        return SvgCharts()
+    if format == "ledger-report-html/1":
+        from verify.report_charts_mpl import MatplotlibCharts
+
+        return MatplotlibCharts()
+    raise InputError(f"format: expected one of {', '.join(FORMATS)}, got {format!r}"[:300])
 
 
 # ------------------------------------------------------------------------------------------- validation
-
-
-@dataclass(frozen=True)
-class _Trajectory:
-    run: str
-    rank: int
-    steps: list[int]
-    loss: list[float]
-    checkpoints: list[int]
-    receipts: list[str]
 
 
 def _require_str(m: Mapping[str, Any], key: str, where: str) -> str:
@@ -143,7 +121,7 @@ def _numbers(value: Any, where: str, kind: type = float) -> list[Any]:
     return value
 
 
-def _trajectory(value: Any, where: str) -> _Trajectory:
+def _trajectory(value: Any, where: str) -> Trajectory:
     if not isinstance(value, Mapping):
         raise InputError(f"{where}: expected a trajectory mapping, got {type(value).__name__}")
     steps = _numbers(value.get("steps"), f"{where}.steps", int)
@@ -160,7 +138,7 @@ def _trajectory(value: Any, where: str) -> _Trajectory:
     rank = value.get("rank", 0)
     if not isinstance(rank, int) or isinstance(rank, bool):
         raise InputError(f"{where}.rank: expected an integer, got {rank!r}"[:300])
-    return _Trajectory(str(value.get("run", "")), rank, list(steps), [float(x) for x in loss], list(checkpoints),
+    return Trajectory(str(value.get("run", "")), rank, list(steps), [float(x) for x in loss], list(checkpoints),
                        list(receipts))
 
 
@@ -216,13 +194,6 @@ def _bytes(value: Any) -> str:
     return f"{value:,}"
 
 
-def _human_bytes(value: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:.3g} {unit}"
-    return f"{value:.0f} B"
-
-
 def _rid(receipt: Any) -> str:
     if not receipt:
         return '<span class="muted">not supplied</span>'
@@ -242,33 +213,15 @@ def _badge(passed: bool | None, extra: str = "") -> str:
     return f'<span class="badge {cls}">{word}</span>{extra}'
 
 
-def _mt(text: Any) -> str:
-    """A data string for a matplotlib label: '$' would start mathtext."""
-    return str(text).replace("$", r"\$")
-
-
 def _order(keys: Any, preferred: Sequence[str] = ARM_ORDER) -> list[str]:
     rank = {k: i for i, k in enumerate(preferred)}
     return sorted((str(k) for k in keys), key=lambda k: (rank.get(k, len(rank)), k))
-
-
-def _legend_above(ax: Axes, ncols: int = 4) -> None:
-    """The legend in a row above the plot, where it can never hide data."""
-    handles, labels = ax.get_legend_handles_labels()
-    fig = ax.get_figure()
-    if handles and fig is not None:
-        fig.legend(handles, labels, loc="outside upper center", ncols=min(ncols, len(handles)),
-                               fontsize=8.5, handlelength=1.6, columnspacing=1.2)
 
 
 def _sentence(text: Any) -> str:
     """Escaped ``text`` ending in a full stop, so a scope string can run on into the next sentence."""
     t = str(text or "").strip()
     return _e(t if not t or t[-1] in ".!?" else t + ".")
-
-
-def _color(arm: str, i: int = 0) -> str:
-    return ARM_COLORS.get(arm, EXTRA_COLORS[i % len(EXTRA_COLORS)])
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], caption: str, *, numeric_from: int = 1,
@@ -295,61 +248,12 @@ def _notice(text: str) -> str:
     return f'<p class="notice" role="status"><strong>Not run.</strong> {_e(text)}</p>'
 
 
-# ------------------------------------------------------------------------------------------------- SVG
-
-
-@contextmanager
-def _plotting() -> Iterator[None]:
-    import matplotlib
-    import matplotlib.style
-
-    with matplotlib.style.context("default"), matplotlib.rc_context(cast(Any, _RC)):
-        yield
-
-
-def _figure(height: float, width: float = _FIG_W, **kw: Any) -> Figure:
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained", **kw)
-
-
-_TAG = re.compile(r"<[^>]*>")
-_ID = re.compile(r'\sid="([^"]*)"')
-_HREF = re.compile(r'((?:xlink:)?href)="#([^"]*)"')
-_URL = re.compile(r"url\(#([^)]*)\)")
-_PROLOG = re.compile(r"\A.*?(?=<svg\b)", re.S)
-_STROKE_STYLE = re.compile(r"\s*<defs>\s*<style[^>]*>\*\{stroke-linejoin: round; stroke-linecap: butt\}</style>\s*"
-                           r"</defs>")
-
-
-def _svg(fig: Figure, prefix: str, label: str) -> str:
-    """``fig`` as inline SVG: no prolog or DOCTYPE, ids scoped to ``prefix`` (unreferenced ones dropped), and an
-    accessible name."""
-    import matplotlib
-
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": f"training-ledger/{prefix}"}):
-        fig.savefig(buf, format="svg", metadata=_SVG_METADATA)
-    text = _PROLOG.sub("", buf.getvalue(), count=1)
-    text = _STROKE_STYLE.sub("", text, count=1)  # the page's CSS holds this rule once
-    refs = {m.group(2) for m in _HREF.finditer(text)} | {m.group(1) for m in _URL.finditer(text)}
-
-    def tag(m: re.Match[str]) -> str:
-        t = _ID.sub(lambda i: f' id="{prefix}-{i.group(1)}"' if i.group(1) in refs else "", m.group(0))
-        t = _HREF.sub(lambda h: f'{h.group(1)}="#{prefix}-{h.group(2)}"', t)
-        return _URL.sub(lambda u: f"url(#{prefix}-{u.group(1)})", t)
-
-    text = _TAG.sub(tag, text)  # text content never holds a raw '<', so this only touches tags
-    name = _e(label)
-    text = re.sub(r"<svg\b", f'<svg class="chart" role="img" aria-label="{name}"', text, count=1)
-    return re.sub(r"(<svg\b[^>]*>)", rf"\1<title>{name}</title>", text, count=1).strip()
-
-
 # ------------------------------------------------------------------------------------------------ page
 
 
 class _Page:
-    def __init__(self, report: Mapping[str, Any], figures: Mapping[str, Any]) -> None:
+    def __init__(self, report: Mapping[str, Any], figures: Mapping[str, Any], charts: Charts) -> None:
+        self.charts = charts
         self.report = report
         self.figures = figures
         self.receipts = _mapping(figures.get("receipts"), "figures.receipts")
@@ -358,10 +262,11 @@ class _Page:
 
     # -- figure scaffold
 
-    def figure(self, slug: str, fig: Figure, label: str, caption: str, table: str) -> str:
+    def figure(self, slug: str, draw: Callable[[str, str], str], label: str, caption: str, table: str) -> str:
+        """The next figure: ``draw(fid, name)`` gives its SVG, ``table`` its numbers."""
         self.n += 1
         fid = f"fig{self.n}-{slug}"
-        svg = _svg(fig, fid, f"Figure {self.n}: {label}")
+        svg = draw(fid, _e(f"Figure {self.n}: {label}"))
         return (f'<figure class="plot" id="{fid}" aria-labelledby="{fid}-cap">'
                 f'<div class="plot-body"><div class="svg-wrap">{svg}</div><div class="plot-data">{table}</div></div>'
                 f'<figcaption id="{fid}-cap"><strong>Figure {self.n}.</strong> {caption}</figcaption></figure>')
@@ -518,20 +423,6 @@ class _Page:
         if not raw:
             return _notice("loss trajectories were not supplied (figures.losses)")
         losses = {a: _trajectory(raw[a], f"figures.losses.{a}") for a in _order(raw)}
-        fig = _figure(3.3)
-        ax = fig.add_subplot()
-        for i, (arm, tr) in enumerate(losses.items()):
-            c = _color(arm, i)
-            ax.plot(tr.steps, tr.loss, color=c, lw=1.6, label=_mt(arm), marker="o" if len(tr.steps) <= 40 else None,
-                    ms=3)
-            at = [(s, v) for s, v in zip(tr.steps, tr.loss, strict=True) if s in set(tr.checkpoints)]
-            ax.plot([s for s, _ in at], [v for _, v in at], ls="none", marker="D", ms=7, mfc="white", mec=c,
-                    mew=1.6)
-        ax.plot([], [], ls="none", marker="D", ms=7, mfc="white", mec="#333333", mew=1.6, label="checkpoint")
-        ax.set_xlabel("step")
-        ranks = sorted({tr.rank for tr in losses.values()})
-        ax.set_ylabel(f"loss, rank {', '.join(map(str, ranks))} (nats/token)")
-        _legend_above(ax, 4)
         steps = sorted({s for tr in losses.values() for s in tr.steps})
         by = {a: dict(zip(tr.steps, tr.loss, strict=True)) for a, tr in losses.items()}
         ckpt = {a: set(tr.checkpoints) for a, tr in losses.items()}
@@ -545,48 +436,28 @@ class _Page:
         caption = (f"Training loss per step of each arm, overlaid; diamonds mark checkpoints. Each rank records its "
                    f"shard's loss at every step in the checkpoint receipt that follows (listed below the table); "
                    f"the arm summaries citing them are {self._summary_ids(list(losses))}.")
-        return self.figure("loss", fig, "training loss per step per arm with checkpoint markers", caption,
-                           table + rec_table)
+        return self.figure("loss", lambda fid, name: self.charts.loss(fid, name, losses),
+                           "training loss per step per arm with checkpoint markers", caption, table + rec_table)
 
     def time_figure(self, arms: Mapping[str, Any], t: Mapping[str, Any]) -> str:
         order = _order(arms)
-        fig = _figure(3.1)
-        ax = fig.add_subplot()
-        x = 0.0
-        labels: list[tuple[float, str]] = []
-        groups: list[tuple[float, str]] = []
+        bars = []
         rows: list[list[str]] = []
         for arm in order:
             ranks = sorted(arms[arm].get("ranks", []), key=lambda r: r.get("rank", 0))
-            start = x
+            bars.append((arm, [(rk.get("rank"), [(part, float(rk.get(key) or 0)) for part, key in (
+                ("update", "update_seconds"), ("synchronization", "synchronization_seconds"),
+                ("checkpoint", "checkpoint_seconds"))]) for rk in ranks]))
             for rk in ranks:
-                bottom = 0.0
-                for part, key in (("update", "update_seconds"), ("synchronization", "synchronization_seconds"),
-                                  ("checkpoint", "checkpoint_seconds")):
-                    v = float(rk.get(key) or 0)
-                    ax.bar(x, v, bottom=bottom, width=0.8, color=PART_COLORS[part], edgecolor="white", lw=0.5,
-                           label=part if not rows else None)
-                    bottom += v
-                labels.append((x, f"r{rk.get('rank')}"))
                 rows.append([f"{_e(arm)} r{_e(rk.get('rank'))}", _num(rk.get("update_seconds")),
                              _num(rk.get("synchronization_seconds")), _num(rk.get("checkpoint_seconds")),
                              _num(rk.get("active_seconds")), _num(rk.get("loop_seconds"))])
-                x += 1
-            groups.append(((start + x - 1) / 2, arm))
-            x += 0.8
-        ax.set_xticks([p for p, _ in labels], [lab for _, lab in labels], fontsize=8)
-        for pos, arm in groups:
-            ax.annotate(_mt(arm), (pos, 0), xycoords=("data", "axes fraction"), xytext=(0, -24),
-                        textcoords="offset points", ha="center", va="top", fontsize=9, fontweight="bold")
-        ax.set_ylabel("seconds")
-        ax.grid(axis="x", visible=False)
-        _legend_above(ax, 3)
         table = _table(["Arm, rank", "Update s", "Sync s", "Checkpoint s", "Active s", "Loop s"], rows,
                        "Seconds per rank")
         caption = (f"Per-rank loop time of each arm: local update, synchronization and checkpoint seconds, stacked. "
                    f"{_sentence(t.get('timing_scope'))} Numbers from the arm summaries {self._summary_ids(order)}.")
-        return self.figure("seconds", fig, "per-rank update, synchronization and checkpoint seconds, stacked", caption,
-                           table)
+        return self.figure("seconds", lambda fid, name: self.charts.seconds(fid, name, bars),
+                           "per-rank update, synchronization and checkpoint seconds, stacked", caption, table)
 
     def bytes_figure(self, arms: Mapping[str, Any], t: Mapping[str, Any]) -> str:
         order = _order(arms)
@@ -599,26 +470,9 @@ class _Page:
         idle = [i for i in every if i not in ifaces]
         tx = {a: sum(int(v.get("tx", 0)) for r in arms[a].get("ranks", [])
                      for v in (r.get("interface_bytes") or {}).values()) for a in order}
-        fig = _figure(0.9 + 0.55 * len(order))
-        ax = fig.add_subplot()
-        ys = list(range(len(order)))
         positive = [v for v in (*sent.values(), *tx.values()) if v > 0]
         floor = min(positive) / 4 if positive else 1.0
-        for label, vals, off, color in (("collective sent bytes (exact)", sent, -0.19, "#0072B2"),
-                                        ("interface tx bytes (host counters)", tx, 0.19, "#CC79A7")):
-            heights = [max(vals[a], floor) if vals[a] > 0 else 0 for a in order]
-            ax.barh([y + off for y in ys], heights, height=0.36, color=color, label=label, left=0)
-            for y, a in zip(ys, order, strict=True):
-                ax.annotate(_human_bytes(vals[a]), (max(vals[a], floor), y + off), xytext=(3, 0),
-                            textcoords="offset points", va="center", fontsize=8)
-        if positive:
-            ax.set_xscale("log")
-            ax.set_xlim(floor, max(positive) * 30)
-        ax.set_yticks(ys, [_mt(a) for a in order])
-        ax.invert_yaxis()
-        ax.set_xlabel("bytes over the training loop, sum over ranks (log scale)")
-        ax.grid(axis="y", visible=False)
-        _legend_above(ax, 2)
+        drawn = BytesBars(order, sent, tx, positive, floor)
         head = ["Arm, rank", "Sent bytes (collective)"] + [f"{_e(i)} tx / rx" for i in ifaces]
         rows = []
         for a in order:
@@ -635,7 +489,8 @@ class _Page:
                    f"counters. The primary arm sent {_num(ratio)} of DDP's collective bytes. "
                    + (f"Interfaces that moved no bytes: {_e(', '.join(idle))}. " if idle else "") +
                    f"{_sentence(t.get('network_scope'))} Numbers from the arm summaries {self._summary_ids(order)}.")
-        return self.figure("bytes", fig, "bytes sent per arm, collective and interface counters", caption, table)
+        return self.figure("bytes", lambda fid, name: self.charts.bytes(fid, name, drawn),
+                           "bytes sent per arm, collective and interface counters", caption, table)
 
     # -- recovery
 
@@ -654,25 +509,7 @@ class _Page:
         detect = rec.get("detect_seconds")
         kill_at = failed - float(detect) if isinstance(detect, int | float) else None
         kill_step, resume = rec.get("last_observed_step_before_kill"), rec.get("restore_step")
-        fig = _figure(2.3)
-        ax = fig.add_subplot()
-        ax.broken_barh([(0, failed)], (1.6, 0.8), color="#f2c6c6", edgecolor="#b22222")
-        ax.broken_barh([(failed, restarted)], (0.6, 0.8), color="#c8e6d8", edgecolor="#007a55")
-        ax.set_yticks([2.0, 1.0], ["failed group", "restarted group"])
-        ax.set_ylim(0.2, 3.2)
-        if kill_at is not None:
-            ax.axvline(kill_at, color="#b22222", lw=1.6)
-            ax.annotate(f"SIGKILL rank {_mt(rec.get('killed_rank'))}\nafter step {_mt(kill_step)}", (kill_at, 2.5),
-                        xytext=(-4, 4), textcoords="offset points", ha="right", va="bottom", fontsize=8,
-                        color="#b22222")
-        ax.axvline(failed, color="#333333", lw=1.2, ls="--")
-        ax.annotate("failure detected,\nall ranks gone", (failed, 2.5), xytext=(4, 4), textcoords="offset points",
-                    ha="left", va="bottom", fontsize=8)
-        ax.annotate(f"restart from the step-{_mt(resume)} checkpoint", (failed, 0.45), xytext=(4, -2),
-                    textcoords="offset points", ha="left", va="top", fontsize=8, color="#007a55")
-        ax.set_xlim(0, (failed + restarted) * 1.02 or 1)
-        ax.set_xlabel("seconds since the failed group started")
-        ax.grid(axis="y", visible=False)
+        drawn = Timeline(failed, restarted, kill_at, rec.get("killed_rank"), kill_step, resume)
         rows = [["group started", "0", "0"],
                 [f"rank {_e(rec.get('killed_rank'))} killed (SIGKILL)", _num(kill_at), _num(kill_step)],
                 ["failure detected, every rank gone", _num(failed), "—"],
@@ -685,8 +522,8 @@ class _Page:
                    f"fails, and a new group restarts from the last common checkpoint. {detect_note} The pause "
                    f"between the groups is not recorded and not drawn. Numbers from the recovery summary "
                    f"{_rid(self.receipts.get('recovery'))} and the fault receipt {_rid(self.receipts.get('fault'))}.")
-        return self.figure("timeline", fig, "recovery timeline: kill, detection, restart and resume step", caption,
-                           table)
+        return self.figure("timeline", lambda fid, name: self.charts.timeline(fid, name, drawn),
+                           "recovery timeline: kill, detection, restart and resume step", caption, table)
 
     def equality_table(self, rec: Mapping[str, Any]) -> str:
         ranks = sorted((x for x in rec.get("rank_comparisons", []) if isinstance(x, Mapping)),
@@ -728,17 +565,6 @@ class _Page:
         un = _trajectory(raw.get("uninterrupted"), "figures.recovery.uninterrupted")
         re_ = _trajectory(raw.get("recovered"), "figures.recovery.recovered")
         resume, kill_step = rec.get("restore_step"), rec.get("last_observed_step_before_kill")
-        fig = _figure(3.0)
-        ax = fig.add_subplot()
-        ax.plot(un.steps, un.loss, color="#0072B2", lw=5, alpha=0.35, label="uninterrupted")
-        ax.plot(re_.steps, re_.loss, color="#D55E00", lw=0, marker="x", ms=6, mew=1.5, label="recovered")
-        if isinstance(resume, int | float):
-            ax.axvline(resume, color="#007a55", ls="--", lw=1.2, label=f"resume (step {resume})")
-        if isinstance(kill_step, int | float):
-            ax.axvline(kill_step, color="#b22222", ls=":", lw=1.2, label=f"kill (after step {kill_step})")
-        ax.set_xlabel("step")
-        ax.set_ylabel(f"loss, rank {un.rank} (nats/token)")
-        _legend_above(ax, 2)
         u, r = dict(zip(un.steps, un.loss, strict=True)), dict(zip(re_.steps, re_.loss, strict=True))
         rows = []
         for s in sorted(set(u) | set(r)):
@@ -754,8 +580,9 @@ class _Page:
                    f"run ({_e(re_.run)}), overlaid: after the resume step the recovered losses must equal the "
                    f"uninterrupted ones bit for bit. Numbers from the checkpoint receipts listed below the table, "
                    f"compared by the recovery summary {_rid(self.receipts.get('recovery'))}.")
-        return self.figure("trajectory", fig, "uninterrupted and recovered loss trajectories overlaid", caption,
-                           table + rec_table)
+        return self.figure("trajectory",
+                           lambda fid, name: self.charts.trajectory(fid, name, un, re_, resume, kill_step),
+                           "uninterrupted and recovered loss trajectories overlaid", caption, table + rec_table)
 
     # -- learning
 
@@ -776,42 +603,25 @@ class _Page:
         if not kinds:
             return _notice("the report has no per-family or per-variant breakdown")
         arms = _order({a for k in kinds for g in bd[k].values() for a in g if a != "documents"})
-        fig = _figure(3.0)
-        axes: list[Axes] = list(fig.subplots(1, len(kinds), sharey=True, squeeze=False)[0])
         rows = []
-        width = 0.8 / max(len(arms), 1)
-        for ax, kind in zip(axes, kinds, strict=True):
+        panels = []
+        for kind in kinds:
             groups = sorted(bd[kind], key=lambda g: (0, int(g), g) if str(g).isdigit() else (1, 0, str(g)))
-            top = 0.0
-            for i, arm in enumerate(arms):
-                acc = [bd[kind][g].get(arm, 0) / bd[kind][g]["documents"] if bd[kind][g].get("documents") else 0
-                       for g in groups]
-                ax.bar([j + (i - (len(arms) - 1) / 2) * width for j in range(len(groups))], acc, width=width,
-                       color=_color(arm, i), label=_mt(arm) if kind == kinds[0] else None)
-                top = max(top, *acc)
-            if top == 0:  # bars of height 0 are invisible: say so
-                ax.text(0.5, 0.5, "no document answered\ncorrectly by any model", transform=ax.transAxes,
-                        ha="center", va="center", fontsize=9, color="#59636e")
-            ax.set_xticks(range(len(groups)), [_mt(g) for g in groups])
-            ax.set_title(f"per {_mt(kind)}", fontsize=10)
-            ax.set_ylim(0, 1)
-            ax.grid(axis="x", visible=False)
+            panels.append((str(kind), [str(g) for g in groups], {
+                arm: [bd[kind][g].get(arm, 0) / bd[kind][g]["documents"] if bd[kind][g].get("documents") else 0
+                      for g in groups] for arm in arms}))
             for g in groups:
                 d = bd[kind][g]
                 n = d.get("documents") or 0
                 rows.append([f"{_e(kind)} {_e(g)}", _num(n)] +
                             [f"{_num(d.get(a))} ({d.get(a, 0) / n:.1%})" if n and a in d else "—" for a in arms])
-        axes[0].set_ylabel("exact-match accuracy")
-        fig.legend(loc="outside upper center", ncols=len(arms), fontsize=8.5)
         table = _table(["Group", "Documents", *(_e(a) for a in arms)], rows, "Correct documents per group")
         caption = ("Exact-match accuracy per task family and per prompt variant of every arm beside the seed "
                    f"(baseline) model, from the per-document outcomes. {self._quality_source()}")
-        return self.figure("accuracy", fig, "accuracy per family and per variant of each arm beside the seed", caption,
-                           table)
+        return self.figure("accuracy", lambda fid, name: self.charts.accuracy(fid, name, panels, arms),
+                           "accuracy per family and per variant of each arm beside the seed", caption, table)
 
     def forest_figure(self, ln: Mapping[str, Any]) -> str:
-        from matplotlib.ticker import MaxNLocator
-
         primary = ln.get("primary_arm", "primary arm")
         entries: list[tuple[str, Mapping[str, Any]]] = []
         cmp = _mapping(ln.get("comparisons_to_seed"), "report.learning.comparisons_to_seed")
@@ -822,32 +632,18 @@ class _Page:
                 entries.append((label, ln[key]))
         if not entries:
             return _notice("the report has no paired comparison")
-        fig = _figure(0.8 + 0.42 * len(entries))
-        ax = fig.add_subplot()
-        ys = list(range(len(entries)))
         gains = [float(c.get("accuracy_gain", 0)) for _, c in entries]
         lo = [float(c.get("normal_99pct_lower", g)) for (_, c), g in zip(entries, gains, strict=True)]
         hi = [float(c.get("normal_99pct_upper", g)) for (_, c), g in zip(entries, gains, strict=True)]
-        ax.errorbar(gains, ys, xerr=[[g - a for g, a in zip(gains, lo, strict=True)],
-                                     [b - g for g, b in zip(gains, hi, strict=True)]],
-                    fmt="o", color="#222222", ecolor="#0072B2", elinewidth=2.2, capsize=4, ms=5)
-        ax.axvline(0, color="#555555", lw=1)
         thresholds = _mapping(self.figures.get("quality_thresholds"), "figures.quality_thresholds")
         marks = []
         for key, label, color in (("minimum_accuracy_gain_vs_seed", "contract: min gain vs seed", "#009E73"),
                                   ("paired_99pct_lower_vs_ddp_min", "contract: min lower bound vs DDP", "#D55E00")):
             if isinstance(thresholds.get(key), int | float):
-                ax.axvline(float(thresholds[key]), color=color, lw=1.2, ls="--", label=label)
-                marks.append(float(thresholds[key]))
-        left, right = min(*lo, *marks, 0.0), max(*hi, *marks, 0.0)
+                marks.append((float(thresholds[key]), label, color))
+        left, right = min(*lo, *(x for x, _, _ in marks), 0.0), max(*hi, *(x for x, _, _ in marks), 0.0)
         pad = max(right - left, 0.02) * 0.08
-        ax.set_xlim(left - pad, right + pad)
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
-        ax.set_yticks(ys, [_mt(n) for n, _ in entries])
-        ax.invert_yaxis()
-        ax.set_xlabel("paired accuracy gain, 99% interval")
-        ax.grid(axis="y", visible=False)
-        _legend_above(ax, 2)
+        drawn = Forest([n for n, _ in entries], gains, lo, hi, marks, (left - pad, right + pad))
         rows = [[_e(n), _num(c.get("accuracy_gain")), _num(c.get("normal_99pct_lower")),
                  _num(c.get("normal_99pct_upper")), _num(c.get("standard_error")), _num(c.get("gained")),
                  _num(c.get("lost")), _num(c.get("exact_one_sided_p"), 3)] for n, c in entries]
@@ -856,7 +652,8 @@ class _Page:
         scope = next((c.get("interval_scope") for _, c in entries if c.get("interval_scope")), "")
         caption = (f"Paired comparisons on the same documents: accuracy gain with its 99% normal interval, and the "
                    f"exact one-sided binomial p on the discordant pairs. {_sentence(scope)} {self._quality_source()}")
-        return self.figure("forest", fig, "paired comparisons with 99% intervals, forest plot", caption, table)
+        return self.figure("forest", lambda fid, name: self.charts.forest(fid, name, drawn),
+                           "paired comparisons with 99% intervals, forest plot", caption, table)
 
     def retention_figure(self, ln: Mapping[str, Any]) -> str:
         cmp = _mapping(ln.get("comparisons_to_seed"), "report.learning.comparisons_to_seed")
@@ -891,14 +688,6 @@ class _Page:
             return out
 
         hist = {a: counts(vs) for a, vs in changes.items()}
-        fig = _figure(3.0)
-        ax = fig.add_subplot()
-        for i, (a, cs) in enumerate(hist.items()):
-            ax.stairs(cs, edges, color=_color(a, i), lw=1.8, label=_mt(a))
-        ax.axvline(0, color="#555555", lw=1)
-        ax.set_xlabel("retention loss change vs seed per probe (nats/token; < 0 improved)")
-        ax.set_ylabel("probes")
-        _legend_above(ax, 4)
         rows = [[f"[{_num(edges[i])}, {_num(edges[i + 1])}{']' if i == k - 1 else ')'}"]
                 + [str(hist[a][i]) for a in hist] for i in range(k)]
         table = _table(["Change bin", *(_e(a) for a in hist)], rows, "Probes per change bin")
@@ -911,8 +700,8 @@ class _Page:
                    "public text the seed model was exposed to. The summary table is the report's; the histogram "
                    f"is from the eval receipts' retention artifacts ({src}; seed: "
                    f"{_rid(raw.get('seed_receipt'))}).")
-        return self.figure("retention", fig, "histogram of retention changes per arm", caption,
-                           summary + table + probes)
+        return self.figure("retention", lambda fid, name: self.charts.retention(fid, name, hist, edges),
+                           "histogram of retention changes per arm", caption, summary + table + probes)
 
     # -- serving
 
@@ -944,41 +733,16 @@ class _Page:
         if not lat:
             return (f'<div class="block"><h3>Latency</h3>{table}</div>'
                     + _notice("per-request latencies were not supplied (figures.serving.latencies)"))
-        shown = [p for p in order if p in lat]
-        fig = _figure(0.9 + 0.6 * len(shown))
-        ax = fig.add_subplot()
-        ax.boxplot([lat[p] for p in shown], orientation="horizontal", widths=0.5, showfliers=False,
-                   medianprops={"color": "#D55E00", "lw": 2}, tick_labels=[_mt(p) for p in shown])
-        for i, p in enumerate(shown, start=1):
-            vs = lat[p]
-            ys = [i + 0.32 * ((j * 0.618034) % 1 - 0.5) for j in range(len(vs))]  # deterministic jitter
-            ax.plot(vs, ys, ls="none", marker="o", ms=2.5, alpha=0.45, color="#0072B2")
-            p95 = phases[p].get("p95_latency_seconds")
-            if isinstance(p95, int | float):
-                ax.plot([p95], [i], marker="|", ms=16, mew=2, color="#222222", ls="none",
-                        label="p95 (report)" if i == 1 else None)
-        ax.invert_yaxis()
-        ax.set_xlabel("request latency (seconds)")
-        ax.grid(axis="y", visible=False)
-        _legend_above(ax, 2)
+        shown = {p: lat[p] for p in order if p in lat}
+        p95 = {p: phases[p].get("p95_latency_seconds") for p in shown}
         caption = ("Latency of every request per phase (one replica; four; four with one down and clients "
                    "retrying): box from the quartiles with the median in orange, points for each request, and the "
                    f"report's p95. {self._serving_source()}")
-        return self.figure("latency", fig, "request latency distribution per serving phase", caption, table)
+        return self.figure("latency", lambda fid, name: self.charts.latency(fid, name, shown, p95),
+                           "request latency distribution per serving phase", caption, table)
 
     def throughput_figure(self, s: Mapping[str, Any], phases: Mapping[str, Any], order: list[str]) -> str:
-        rps = [float(phases[p].get("requests_per_second") or 0) for p in order]
-        fig = _figure(0.9 + 0.5 * len(order))
-        ax = fig.add_subplot()
-        ax.barh(range(len(order)), rps, color=["#0072B2", "#009E73", "#D55E00", "#999999"][: len(order)]
-                + ["#999999"] * max(0, len(order) - 4), height=0.55)
-        for i, v in enumerate(rps):
-            ax.annotate(f"{v:.3g} req/s", (v, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
-        ax.set_yticks(range(len(order)), [_mt(p) for p in order])
-        ax.invert_yaxis()
-        ax.set_xlim(0, max(rps + [1e-9]) * 1.25)
-        ax.set_xlabel("throughput (requests per second)")
-        ax.grid(axis="y", visible=False)
+        rps = {p: float(phases[p].get("requests_per_second") or 0) for p in order}
         rows = [[_e(p), _num(phases[p].get("requests_per_second")), _num(phases[p].get("seconds")),
                  _num(phases[p].get("concurrency")), _num(len(phases[p].get("endpoints") or [])),
                  _num(phases[p].get("retries")),
@@ -989,7 +753,8 @@ class _Page:
         caption = (f"Throughput per phase at fixed concurrency. Four replicas served "
                    f"× {_num(s.get('four_throughput_ratio'), 3)} the single replica's throughput; in the failure "
                    f"phase clients retried {_num(s.get('failure_retries'))} times. {self._serving_source()}")
-        return self.figure("throughput", fig, "throughput per serving phase", caption, table)
+        return self.figure("throughput", lambda fid, name: self.charts.throughput(fid, name, rps),
+                           "throughput per serving phase", caption, table)
 
     def replica_table(self, s: Mapping[str, Any], phases: Mapping[str, Any], order: list[str]) -> str:
         expected = s.get("parameter_digest")
@@ -1090,19 +855,19 @@ dl.ids div{grid-template-columns:1fr;gap:0}.tokens .value{font-size:1.8rem}}
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
 
-def _document(report: Mapping[str, Any], body: str) -> str:
+def _document(report: Mapping[str, Any], body: str, format: str) -> str:
     css = " ".join(line.strip() for line in _CSS.strip().splitlines())
     return ("<!DOCTYPE html>\n"
             '<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<meta name="generator" content="training-ledger {REPORT_HTML_FORMAT}">'
+            f'<meta name="generator" content="training-ledger {format}">'
             f"<title>Audit report · {_e(str(report.get('prepared', ''))[:19])}</title>"
             f"<style>{css}</style></head>"
             f"<body><main>{body}"
-            f"<footer>Rendered by <code>ledger report</code> ({REPORT_HTML_FORMAT}) from the audit report and the "
+            f"<footer>Rendered by <code>ledger report</code> ({format}) from the audit report and the "
             "receipts named beside each figure; every string from the ledger is escaped, and the page loads "
             "nothing from anywhere.</footer></main></body></html>\n")
 
 
-__all__ = ["REPORT_HTML_FORMAT", "render_report"]
+__all__ = ["FORMATS", "REPORT_HTML_FORMAT", "render_report"]

@@ -4,12 +4,14 @@ verify/figures.py), record the page's digest in a ``report`` receipt, and re-ren
 Rendering is deterministic (the same ledger gives the same bytes), so `ledger verify` of a report receipt renders
 the page again from the audit it cites and compares digests: a page edited after the fact fails.
 
-Rendering is the one slow check of an audit: matplotlib draws every figure (about a second, its import included,
-against a few hundred milliseconds for the rest of an audit of the default experiment). It is not skipped: each
-page is rendered once per verification, and :func:`start_rendering` lets it run early on a worker process (the
-same interpreter and code, ``render_report`` on the same inputs) while the rest of the verification goes on. The
-check then computes the page's inputs itself, as always, and takes the worker's page only when the worker rendered
-exactly those inputs; otherwise (no worker, different inputs, a worker that failed) it renders the page in-process.
+A page is rendered again in the format its receipt records (``measurements.format``). Format 2, the one written,
+draws its figures in pure Python (verify/report_charts.py): a few tens of milliseconds, rendered in-process. A page
+of format 1 was drawn by matplotlib, which takes about a second with its import (against about half a second for
+the rest of an audit of the default experiment): :func:`start_rendering` lets such a page render early on a worker
+process (the same interpreter and code, ``render_report`` on the same inputs) while the rest of the verification
+goes on. The check then computes the page's inputs itself, as always, and takes the worker's page only when the
+worker rendered exactly those inputs; otherwise (no worker, different inputs, a worker that failed) it renders the
+page in-process.
 """
 
 from __future__ import annotations
@@ -34,19 +36,20 @@ from verify.figures import report_figures
 
 
 def render_page(store: Store, artifacts: ArtifactStore, audit: Receipt, report: dict[str, Any],
-                log_head: str | None = None) -> bytes:
-    """The HTML page of ``audit`` (whose rebuilt report is ``report``)."""
+                log_head: str | None = None, format: str = REPORT_HTML_FORMAT) -> bytes:
+    """The HTML page of ``audit`` (whose rebuilt report is ``report``) in ``format``."""
     from verify.report_html import render_report
 
-    return render_report(report, report_figures(store, artifacts, audit, report, log_head))
+    return render_report(report, report_figures(store, artifacts, audit, report, log_head), format)
 
 
-def report_receipt(audit: Receipt, settlement: Receipt, page: bytes, log_head: str | None = None) -> Receipt:
-    """The ``report`` receipt of a rendered page, the experiment's head: it cites the audit and its settlement
-    (store the page with ``ArtifactStore.put_bytes`` to record it)."""
+def report_receipt(audit: Receipt, settlement: Receipt, page: bytes, log_head: str | None = None,
+                   format: str = REPORT_HTML_FORMAT) -> Receipt:
+    """The ``report`` receipt of a page rendered in ``format``, the experiment's head: it cites the audit and its
+    settlement (store the page with ``ArtifactStore.put_bytes`` to record it)."""
     return make_receipt("report", run="audit", prepared=audit.prepared, parents=[audit, settlement],
                         artifacts={"html": digests.raw_digest(page)},
-                        measurements={"format": REPORT_HTML_FORMAT, "bytes": len(page), "log_head": log_head})
+                        measurements={"format": format, "bytes": len(page), "log_head": log_head})
 
 
 def check_report_page(ctx: KindCheckContext) -> list[str]:
@@ -62,7 +65,7 @@ def check_report_page(ctx: KindCheckContext) -> list[str]:
         return [f"report {r.id[:19]}: the audit's report is missing, page not rendered again"]
     report = digests.parse_canonical(data)
     figures = report_figures(ctx.store, ctx.artifacts, audit, report, r.measurements["log_head"])
-    page = _rendered(ctx.memo, report, figures)
+    page = _rendered(ctx.memo, report, figures, str(r.measurements["format"]))
     again = digests.raw_digest(page)
     if again != r.artifacts["html"]:
         raise DigestMismatch("the report page rendered again from its audit", expected=r.artifacts["html"],
@@ -83,9 +86,10 @@ def start_rendering(store: Store, artifacts: ArtifactStore, receipt: Receipt, au
     verified yet, and whatever goes wrong (a missing report, a malformed receipt) only means that the check renders
     the page itself, and meets the problem there.
 
-    A process that has rendered a page before (matplotlib loaded, its fonts read) renders the next in about half
+    Only a format-1 page goes to a worker (format 2 renders faster than a worker starts). A process that has
+    rendered a page before (matplotlib loaded, its fonts read) renders the next in about half
     what a worker takes to start, import matplotlib and render it: there no worker is started."""
-    if _WARM_MODULE in sys.modules:
+    if receipt.measurements.get("format") != _WORKER_FORMAT or _WARM_MODULE in sys.modules:
         return
     worker = _Worker()  # first: it imports matplotlib while the inputs are assembled here
     try:
@@ -109,16 +113,16 @@ def _pages(memo: Memo) -> dict[bytes, Future[bytes | None]]:
     return memo.once(("report pages",), dict)
 
 
-def _rendered(memo: Memo, report: dict[str, Any], figures: dict[str, Any]) -> bytes:
-    """``render_report(report, figures)``: the worker's page if one rendered exactly these inputs, else rendered
-    here."""
-    wire = _wire(report, figures)
+def _rendered(memo: Memo, report: dict[str, Any], figures: dict[str, Any], format: str) -> bytes:
+    """``render_report(report, figures, format)``: the worker's page if one rendered exactly these inputs in this
+    format, else rendered here."""
+    wire = _wire(report, figures) if format == _WORKER_FORMAT else None
     future = _pages(memo).get(wire) if wire is not None else None
     page = future.result() if future is not None else None
     if page is None:
         from verify.report_html import render_report
 
-        page = render_report(report, figures)
+        page = render_report(report, figures, format)
     return page
 
 
@@ -147,6 +151,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) and type(a) in (str, int, float, bool, type(None))
 
 
+_WORKER_FORMAT = "ledger-report-html/1"  # the format drawn by matplotlib, worth a worker
 _WARM_MODULE = "matplotlib.backends.backend_svg"  # imported by the first page this process renders
 _WORKER_TIMEOUT_S = 600.0  # a worker still rendering after this is killed, and the check renders in-process
 
@@ -157,7 +162,7 @@ import json, sys
 import matplotlib.backends.backend_svg, matplotlib.figure, matplotlib.style, matplotlib.ticker
 from verify.report_html import render_report
 report, figures = json.loads(sys.stdin.buffer.read())
-sys.stdout.buffer.write(render_report(report, figures))
+sys.stdout.buffer.write(render_report(report, figures, "ledger-report-html/1"))
 """
 
 

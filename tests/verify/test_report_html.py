@@ -53,14 +53,16 @@ def _inputs() -> tuple[dict[str, Any], dict[str, Any]]:
     return json.loads(REPORT_FIXTURE.read_text()), json.loads(FIGURES_FIXTURE.read_text())
 
 
-def _render(report: dict[str, Any], figures: dict[str, Any]) -> bytes:
+def _render(report: dict[str, Any], figures: dict[str, Any], format: str | None = None) -> bytes:
+    from verify.report_html import render_report
+
+    if format is None:
+        return render_report(report, figures)
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         _unavailable("matplotlib is not installed (pip install 'matplotlib==3.11.*')")
-    from verify.report_html import render_report
-
-    return render_report(report, figures)
+    return render_report(report, figures, format)
 
 
 @pytest.fixture(scope="module")
@@ -133,10 +135,40 @@ def test_rendering_twice_in_one_process_is_identical(page: bytes) -> None:
     assert _render(*_inputs()) == page
 
 
-def test_importing_the_renderer_does_not_import_matplotlib() -> None:
-    code = "import sys, verify.report_html; print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
+@pytest.mark.parametrize("render", [False, True])
+def test_the_renderer_imports_no_matplotlib(render: bool) -> None:
+    """Neither importing the renderer nor rendering a page in the current format loads matplotlib."""
+    code = ("import json, sys, verify.report_html\n"
+            + (f"verify.report_html.render_report(json.load(open({str(REPORT_FIXTURE)!r})), "
+               f"json.load(open({str(FIGURES_FIXTURE)!r})))\n" if render else "")
+            + "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# The fixture's page in format 1, as the matplotlib renderer drew it when format 1 was current (2026-12-06, before
+# format 2): pages recorded in format 1 verify only if it still renders these bytes.
+V1_FIXTURE_PAGE = "blake3:1662d382352643460ae69dc1da9260acdf97f70f0cd7b0a4d67757d4efe45ba0"
+
+
+def test_format_1_still_renders_the_bytes_it_recorded() -> None:
+    from ledger.digests import raw_digest
+
+    page = _render(*_inputs(), format="ledger-report-html/1")
+    assert raw_digest(page) == V1_FIXTURE_PAGE
+    assert b'content="training-ledger ledger-report-html/1"' in page
+
+
+def test_the_current_format_draws_its_own_svg(page: bytes) -> None:
+    assert b'content="training-ledger ledger-report-html/2"' in page
+    assert b"matplotlib" not in page and b"<defs>" not in page  # no matplotlib output, no ids to scope
+
+
+def test_an_unknown_format_is_refused() -> None:
+    from verify.report_html import render_report
+
+    with pytest.raises(InputError, match="ledger-report-html/9"):
+        render_report(*_inputs(), "ledger-report-html/9")
 
 
 # ------------------------------------------------------------------------------------------ self-contained

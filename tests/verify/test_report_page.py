@@ -82,3 +82,18 @@ def test_the_page_holds_the_audit_verdicts_in_a_real_browser(rendered: dict[str,
     assert facts["tokens"] == str(report["learning"]["tokens_issued"])
     assert facts["svgs"] >= 7  # training 3, recovery 2, learning 3 (serving is not run in this ledger)
     assert facts["scrollWidth"] <= facts["innerWidth"]
+
+
+def test_verifying_a_current_page_imports_no_matplotlib(rendered: dict[str, Any]) -> None:
+    """`ledger verify` of a format-2 report receipt renders the page again without matplotlib (nor a worker)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from ledger.cli.app import main\n"
+            f"sys.argv = ['ledger', 'verify', '--db', {str(rendered['exp'].db)!r}, {rendered['report_receipt']!r}]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "print('exit', code, sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'), file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "renders again from audit" in out.stdout, out.stdout + out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "exit 0 []", out.stderr

@@ -1,6 +1,6 @@
-"""The report page rendered early on a worker process (verify/report_page.py, Verifier.prefetch): the worker's page is
-the page rendered in-process, a check uses it only for exactly its own inputs, and without it the check renders the
-page itself."""
+"""A format-1 report page (drawn by matplotlib) rendered early on a worker process (verify/report_page.py,
+Verifier.prefetch): the worker's page is the page rendered in-process, a check uses it only for exactly its own
+inputs, and without it the check renders the page itself. A format-2 page starts no worker."""
 
 from __future__ import annotations
 
@@ -57,10 +57,31 @@ def cold(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(report_page, "_WARM_MODULE", "no such module, never imported")
 
 
+V1 = "ledger-report-html/1"
+
+
+@pytest.fixture(scope="module")
+def v1_experiment(tiny_experiment: TinyExperiment, tmp_path_factory: pytest.TempPathFactory) -> TinyExperiment:
+    """The tiny experiment with a second report receipt: its page rendered in format 1, as earlier versions
+    recorded it."""
+    exp = tiny_experiment.copy(tmp_path_factory.mktemp("v1") / "exp")
+    store = Store.open(exp.db)
+    arts = ArtifactStore(exp.artifacts)
+    head = store.find(kind="report")[-1].receipt
+    audit, settlement = (store.get(p).receipt for p in head.parents)
+    report = digests.parse_canonical(arts.get_bytes(audit.artifacts["report"]) or b"")
+    log_head = head.measurements["log_head"]
+    page = report_page.render_page(store, arts, audit, report, log_head, V1)
+    arts.put_bytes(page)
+    store.append(report_page.report_receipt(audit, settlement, page, log_head, V1))
+    store.close()
+    return exp
+
+
 def _page_inputs(exp: TinyExperiment) -> tuple[Store, ArtifactStore, Receipt, Receipt, dict[str, Any], dict[str, Any]]:
     store = Store.open(exp.db)
     arts = ArtifactStore(exp.artifacts)
-    receipt = store.find(kind="report")[-1].receipt
+    receipt = next(r.receipt for r in store.find(kind="report") if r.receipt.measurements["format"] == V1)
     audit = next(a for a in (store.get(p).receipt for p in receipt.parents) if a.kind == "audit")
     data = arts.get_bytes(audit.artifacts["report"])
     assert data is not None
@@ -70,12 +91,12 @@ def _page_inputs(exp: TinyExperiment) -> tuple[Store, ArtifactStore, Receipt, Re
 
 
 @pytest.mark.slow
-def test_the_worker_renders_the_bytes_rendered_here(tiny_experiment: TinyExperiment) -> None:
-    store, _, receipt, _, report, figures = _page_inputs(tiny_experiment)
+def test_the_worker_renders_the_bytes_rendered_here(v1_experiment: TinyExperiment) -> None:
+    store, _, receipt, _, report, figures = _page_inputs(v1_experiment)
     wire = report_page._wire(report, figures)
     assert wire is not None
     page = report_page._Worker().render(wire).result(timeout=120)
-    assert page == verify.report_html.render_report(report, figures)
+    assert page == verify.report_html.render_report(report, figures, V1)
     assert digests.raw_digest(page) == receipt.artifacts["html"]
     store.close()
 
@@ -84,7 +105,7 @@ def _no_render_here(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Make rendering in this process fail loudly, counting the attempts."""
     calls: list[int] = []
 
-    def refuse(report: Any, figures: Any) -> bytes:
+    def refuse(report: Any, figures: Any, format: str) -> bytes:
         calls.append(1)
         raise AssertionError("rendered in-process")
 
@@ -93,9 +114,9 @@ def _no_render_here(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_prefetched_page_verifies_the_report_receipt(tiny_experiment: TinyExperiment,
+def test_a_prefetched_page_verifies_the_report_receipt(v1_experiment: TinyExperiment,
                                                        monkeypatch: pytest.MonkeyPatch, cold: None) -> None:
-    store, arts, receipt, _, _, _ = _page_inputs(tiny_experiment)
+    store, arts, receipt, _, _, _ = _page_inputs(v1_experiment)
     calls = _no_render_here(monkeypatch)
     verifier = Verifier(store, arts, require_artifacts=True)
     verifier.prefetch([receipt])
@@ -105,9 +126,9 @@ def test_a_prefetched_page_verifies_the_report_receipt(tiny_experiment: TinyExpe
 
 
 @pytest.mark.slow
-def test_a_page_rendered_from_other_inputs_is_not_used(tiny_experiment: TinyExperiment,
+def test_a_page_rendered_from_other_inputs_is_not_used(v1_experiment: TinyExperiment,
                                                        monkeypatch: pytest.MonkeyPatch, cold: None) -> None:
-    store, arts, receipt, audit, _, _ = _page_inputs(tiny_experiment)
+    store, arts, receipt, audit, _, _ = _page_inputs(v1_experiment)
     memo = Memo()
     # The worker renders the page of another log head (what a prefetch of an unverified receipt might do).
     other = Receipt(kind="report", run=receipt.run, prepared=receipt.prepared, parents=receipt.parents,
@@ -126,9 +147,9 @@ def test_a_page_rendered_from_other_inputs_is_not_used(tiny_experiment: TinyExpe
 
 
 @pytest.mark.slow
-def test_a_failed_worker_leaves_the_check_to_render_the_page(tiny_experiment: TinyExperiment,
+def test_a_failed_worker_leaves_the_check_to_render_the_page(v1_experiment: TinyExperiment,
                                                              monkeypatch: pytest.MonkeyPatch, cold: None) -> None:
-    store, arts, receipt, _, _, _ = _page_inputs(tiny_experiment)
+    store, arts, receipt, _, _, _ = _page_inputs(v1_experiment)
     monkeypatch.setattr(report_page, "_WORKER", "import sys; sys.exit(3)")
     verifier = Verifier(store, arts, require_artifacts=True)
     verifier.prefetch([receipt])
@@ -139,9 +160,9 @@ def test_a_failed_worker_leaves_the_check_to_render_the_page(tiny_experiment: Ti
 
 
 @pytest.mark.slow
-def test_a_process_that_rendered_a_page_renders_the_next_itself(tiny_experiment: TinyExperiment,
+def test_a_process_that_rendered_a_page_renders_the_next_itself(v1_experiment: TinyExperiment,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    store, arts, receipt, audit, _, _ = _page_inputs(tiny_experiment)
+    store, arts, receipt, audit, _, _ = _page_inputs(v1_experiment)
     monkeypatch.setitem(sys.modules, report_page._WARM_MODULE, sys.modules.get(report_page._WARM_MODULE, sys))
     memo = Memo()
     report_page.start_rendering(store, arts, receipt, audit, memo)
@@ -166,4 +187,15 @@ def test_report_receipts_are_verified_after_the_rest_of_the_experiment(tiny_expe
     verified = [line.removeprefix("verifying ") for line in order]
     assert verified.index(later.id[:19]) < verified.index(report.id[:19]) == len(verified) - 1
     assert any(f"report {report.id[:19]}: the page renders again" in line for line in checks)
+    store.close()
+
+
+def test_a_format_2_page_starts_no_worker(tiny_experiment: TinyExperiment, cold: None) -> None:
+    store = Store.open(tiny_experiment.db)
+    receipt = store.find(kind="report")[-1].receipt
+    assert receipt.measurements["format"] == "ledger-report-html/2"
+    audit = next(a for a in (store.get(p).receipt for p in receipt.parents) if a.kind == "audit")
+    memo = Memo()
+    report_page.start_rendering(store, ArtifactStore(tiny_experiment.artifacts), receipt, audit, memo)
+    assert report_page._pages(memo) == {}
     store.close()
