@@ -211,8 +211,8 @@ def audit_section(exp: Path, n: int) -> None:
 def floor_parts(store: Store, arts: ArtifactStore, paths: list[str], n: int) -> None:
     """What bounds the audit from below, beside b3sum: every checkpoint state read with its file digests (each file
     hashed whole, each distinct file's tensors hashed again, and a Python object per tensor), and rendering the
-    report pages (matplotlib; the audit renders them on a worker process while it verifies the rest,
-    verify/report_page.py)."""
+    report pages, each in the format its receipt records (format 2 in-process, in pure Python; a format-1 page,
+    drawn by matplotlib, on a worker process while the audit verifies the rest, verify/report_page.py)."""
     from verify.figures import report_figures
     from verify.report_html import render_report
 
@@ -225,7 +225,7 @@ def floor_parts(store: Store, arts: ArtifactStore, paths: list[str], n: int) -> 
         if data is not None:
             report_doc = digests.parse_canonical(data)
             pages.append((report_doc, report_figures(store, arts, audit_receipt, report_doc,
-                                                     r.measurements["log_head"])))
+                                                     r.measurements["log_head"]), str(r.measurements["format"])))
     contenders: dict[str, Callable[[], object]] = {
         "b3sum": b3sum(paths), "hashing": lambda: hash_floor(paths),
         "states": lambda: states_once(dirs)}
@@ -242,8 +242,8 @@ def floor_parts(store: Store, arts: ArtifactStore, paths: list[str], n: int) -> 
     ratio = best(times["states"]) / best(times["b3sum"])
     report("audit", "  states / b3sum (the audit's hashing alone)", f"{ratio:.2f}x")
     if pages:
-        report("audit", f"  report pages rendered in-process ({len(pages)}, matplotlib imported)",
-               spread(times["render"]))
+        formats = ", ".join(sorted({f.rsplit("/", 1)[-1] for _, _, f in pages}))
+        report("audit", f"  report pages rendered in-process ({len(pages)}, format {formats})", spread(times["render"]))
 
 
 def states_once(dirs: list[str]) -> None:

@@ -329,6 +329,10 @@ FACTS = """() => {
         sections: q('section > h2').map(h => h.textContent.trim()),
         svgSizes: q('svg.chart').map(s => [box(s).width, box(s).height, box(s).right]),
         textInSvgs: q('svg.chart').map(s => s.querySelectorAll('text').length),
+        textOutside: q('svg.chart').flatMap((s, i) => [...s.querySelectorAll('text')].filter(t => {
+            const a = box(t), b = box(s);
+            return a.left < b.left - 1 || a.right > b.right + 1 || a.top < b.top - 1 || a.bottom > b.bottom + 1;
+        }).map(t => `figure ${i + 1}: ${t.textContent}`)),
         tokens: tokens ? tokens.textContent.trim() : null,
         verdicts: Object.fromEntries(q('[data-contract]').map(c =>
             [c.dataset.contract, badge(c) ? badge(c).textContent.trim() : null])),
@@ -402,6 +406,7 @@ def test_a_real_browser_renders_every_section(browser: Any, page_file: Path, tmp
         assert w > 100 and h > 50, "a plot did not render"
         assert right <= facts["innerWidth"] + 0.5, "a plot is wider than the viewport"
     assert all(n > 5 for n in facts["textInSvgs"]), "a plot has no labels"
+    assert facts["textOutside"] == [], "labels cut off at a plot's edge"
     assert facts["tokens"] == str(report["learning"]["tokens_issued"])
     assert facts["verdicts"] == {c: "PASS" if report["contracts"][c] else "FAIL" for c in CONTRACTS}
     assert facts["scrollWidth"] <= facts["innerWidth"], "the page scrolls horizontally"
