@@ -474,8 +474,7 @@ def scan_section(tmp: Path, count: int, exp: Path | None, n: int) -> None:
     if exp is not None:
         from verify.audit import audit
 
-        # As a user runs it: `ledger audit` in a fresh process, where the report page renders on a worker (this
-        # process rendered pages already, and would render them itself).
+        # As a user runs it: `ledger audit` in a fresh process (a format-1 page would render on a worker there).
         say(f"ledger audit with and without the {count:,} extra receipts")
         plain = Store.open(exp / "ledger.db")
         arts = ArtifactStore(exp / "artifacts")
@@ -492,8 +491,8 @@ def scan_section(tmp: Path, count: int, exp: Path | None, n: int) -> None:
         report("scan", f"ledger audit --no-record, with {count:,} extra receipts", spread(at["audit+extra"]))
         report("scan", f"extra cost: {extra * 1e9 / count:+.0f} ns per extra receipt", ms(extra),
                f"<= {ms(scan)} (reading them)", extra <= scan)
-        # The wall time above overlaps the report page's rendering on its worker (the page is compared last); the
-        # work each extra receipt costs, on this process's threads (in-process audits), without that overlap:
+        # The work each extra receipt costs on this process's threads (in-process audits): with a format-2 page, the
+        # same as the wall time above; with format 1 the wall time overlapped the page's rendering on its worker.
         cpu = process_seconds(lambda: audit(store, arts, record=False)) - process_seconds(
             lambda: audit(plain, arts, record=False))
         report("scan", "  verification work per extra receipt (process CPU time, not wall)",
