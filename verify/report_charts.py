@@ -12,10 +12,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ledger.experiment.formats import REPORT_HTML_FORMAT
 from verify.report_plots import PART_COLORS, Bars, BytesBars, Forest, Panels, Timeline, Trajectory, color, human_bytes
 from verify.svg_plot import Legend, Plot
 
-FORMAT = "ledger-report-html/2"
+FORMAT = REPORT_HTML_FORMAT
 _PX = 96.0  # px per inch: the heights are format 1's figure sizes
 
 

@@ -15,13 +15,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
+from ledger.experiment.formats import REPORT_HTML_MATPLOTLIB_FORMAT
 from verify.report_plots import PART_COLORS, Bars, BytesBars, Forest, Panels, Timeline, Trajectory, color, human_bytes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-FORMAT = "ledger-report-html/1"
+FORMAT = REPORT_HTML_MATPLOTLIB_FORMAT
 
 # The SVG output depends only on these, never on a user's matplotlibrc.
 _RC: dict[str, Any] = {

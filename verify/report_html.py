@@ -1,10 +1,10 @@
 """Render an audit report as one self-contained HTML page: ``render_report(report, figures) -> bytes``.
 
-The page is UTF-8 HTML5 with inline CSS and inline SVG (drawn by matplotlib's SVG backend), no JavaScript, and a
-``Content-Security-Policy`` of ``default-src 'none'`` so that a browser opening it makes no request at all. It is a
-pure function of its two inputs: the same ``report`` and ``figures`` give the same bytes in any process (fixed
-matplotlib style and ``svg.hashsalt``, no timestamps, SVG ids derived from the figure's position on the page).
-matplotlib is imported inside :func:`render_report`, so importing this module (and starting the CLI) stays cheap.
+The page is UTF-8 HTML5 with inline CSS and inline SVG, no JavaScript, and a ``Content-Security-Policy`` of
+``default-src 'none'`` so that a browser opening it makes no request at all. It is a pure function of its inputs:
+the same ``report``, ``figures`` and format give the same bytes in any process. Only the figures differ between the
+formats (verify/report_plots.py): format 2, the one written, draws them in pure Python (verify/report_charts.py);
+format 1 drew them with matplotlib (verify/report_charts_mpl.py, imported only to render such a page again).
 
 ``report`` is the audit's report dict (``verify.audit.build_report``; shape of
 ``shared/reference/report-1.7b-four-hosts.json``). Every number the report holds is read from it. ``figures``
@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ledger.errors import InputError, printable
-from ledger.experiment.formats import REPORT_HTML_FORMAT
+from ledger.experiment.formats import REPORT_HTML_FORMAT, REPORT_HTML_FORMATS, REPORT_HTML_MATPLOTLIB_FORMAT
 from verify.report_plots import BytesBars, Charts, Forest, Timeline, Trajectory
 
 CONTRACTS = ("quality", "efficiency", "recovery", "serving")
@@ -66,7 +66,7 @@ LONG_TABLE = 16  # data tables with more rows than this are folded into a <detai
 # ------------------------------------------------------------------------------------------------ public
 
 
-FORMATS = (REPORT_HTML_FORMAT, "ledger-report-html/1")  # what render_report renders; the first is written
+FORMATS = REPORT_HTML_FORMATS  # what render_report renders; the first is written
 
 
 def render_report(report: Mapping[str, Any], figures: Mapping[str, Any], format: str = REPORT_HTML_FORMAT) -> bytes:
@@ -77,6 +77,8 @@ def render_report(report: Mapping[str, Any], figures: Mapping[str, Any], format:
         raise InputError(f"report: expected a mapping, got {type(report).__name__}")
     if not isinstance(figures, Mapping):
         raise InputError(f"figures: expected a mapping, got {type(figures).__name__}")
+    _check_numbers(report, "report")
+    _check_numbers(figures, "figures")
     _require_str(figures, "audit_receipt", "figures")
     if "log_head" not in figures:
         raise InputError("figures.log_head: required (None when no log head was exported)")
@@ -94,7 +96,7 @@ def _charts(format: str) -> Charts:
         from verify.report_charts import SvgCharts
 
         return SvgCharts()
-    if format == "ledger-report-html/1":
+    if format == REPORT_HTML_MATPLOTLIB_FORMAT:
         from verify.report_charts_mpl import MatplotlibCharts
 
         return MatplotlibCharts()
@@ -102,6 +104,24 @@ def _charts(format: str) -> Charts:
 
 
 # ------------------------------------------------------------------------------------------- validation
+
+
+# Beyond this, sums and spans of the numbers drawn could overflow a float; no measurement comes near it (the BIGINT
+# range, as the ledger's integer columns).
+_LARGEST = 2**63
+
+
+def _check_numbers(value: Any, where: str) -> None:
+    """Raise InputError naming the first number in ``value`` that is not finite or beyond :data:`_LARGEST`."""
+    todo = [(value, where)]
+    while todo:
+        v, at = todo.pop()
+        if type(v) is dict or isinstance(v, Mapping):
+            todo.extend((x, f"{at}.{k}") for k, x in reversed(list(v.items())))
+        elif type(v) is list or isinstance(v, tuple):
+            todo.extend((x, f"{at}[{i}]") for i, x in reversed(list(enumerate(v))))
+        elif isinstance(v, int | float) and not isinstance(v, bool) and not -_LARGEST <= v <= _LARGEST:
+            raise InputError(f"{at}: {v!r} is beyond what the page can draw (a finite number of at most 2**63)"[:300])
 
 
 def _require_str(m: Mapping[str, Any], key: str, where: str) -> str:

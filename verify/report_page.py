@@ -28,7 +28,7 @@ from typing import Any
 from ledger import digests
 from ledger.artifacts import ArtifactStore
 from ledger.errors import DigestMismatch, RecordInvalid
-from ledger.experiment.formats import REPORT_HTML_FORMAT
+from ledger.experiment.formats import REPORT_HTML_FORMAT, REPORT_HTML_MATPLOTLIB_FORMAT
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
 from verify.context import KindCheckContext, Memo
@@ -151,18 +151,18 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b) and type(a) in (str, int, float, bool, type(None))
 
 
-_WORKER_FORMAT = "ledger-report-html/1"  # the format drawn by matplotlib, worth a worker
-_WARM_MODULE = "matplotlib.backends.backend_svg"  # imported by the first page this process renders
+_WORKER_FORMAT = REPORT_HTML_MATPLOTLIB_FORMAT  # drawn by matplotlib: worth a worker
+_WARM_MODULE = "matplotlib.backends.backend_svg"  # imported by the first format-1 page this process renders
 _WORKER_TIMEOUT_S = 600.0  # a worker still rendering after this is killed, and the check renders in-process
 
 # The worker: this interpreter with this checkout's packages first on its path, rendering what it reads on stdin.
 # matplotlib is imported before the inputs arrive (that is half of the worker's time).
-_WORKER = """
+_WORKER = f"""
 import json, sys
 import matplotlib.backends.backend_svg, matplotlib.figure, matplotlib.style, matplotlib.ticker
 from verify.report_html import render_report
 report, figures = json.loads(sys.stdin.buffer.read())
-sys.stdout.buffer.write(render_report(report, figures, "ledger-report-html/1"))
+sys.stdout.buffer.write(render_report(report, figures, {_WORKER_FORMAT!r}))
 """
 
 

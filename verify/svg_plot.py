@@ -58,11 +58,13 @@ def _minus(s: str) -> str:
 def nice_ticks(lo: float, hi: float, n: int = 5) -> tuple[list[float], float]:
     """Round tick values in [lo, hi], at most ``n`` + 1 of them, and their step (the smallest round one)."""
     span = hi - lo
-    if not span > 0:
+    if not span > 0 or not math.isfinite(span):
         return [lo], 1.0
     raw = span / n
     mag = 10.0 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * mag >= raw * (1 - 1e-9))
+    if max(abs(lo), abs(hi)) / step > 1e15:  # floats no longer tell such ticks apart: mark the ends
+        return [lo, hi], span
     first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
     return [k * step for k in range(first, last + 1)], step
 
@@ -83,9 +85,18 @@ class Scale:
     hi: float
     log: bool = False
 
+    def __post_init__(self) -> None:
+        # Limits no axis can show (from absurd data: 1e308 on both sides, a log axis reaching 0) become ones it
+        # can, so that such data draws off the chart instead of failing the page.
+        lo, hi = self.lo, self.hi
+        if self.log and not (0 < lo < hi and math.isfinite(math.log10(hi) - math.log10(lo))):
+            self.lo, self.hi = 1.0, 10.0
+        elif not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(hi - lo)):
+            self.lo, self.hi = 0.0, 1.0
+
     def frac(self, v: float) -> float:
         if self.log:
-            v = max(v, self.lo)
+            v = min(max(v, self.lo), 1e308)
             return (math.log10(v) - math.log10(self.lo)) / ((math.log10(self.hi) - math.log10(self.lo)) or 1.0)
         return (v - self.lo) / ((self.hi - self.lo) or 1.0)
 

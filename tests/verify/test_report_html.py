@@ -16,6 +16,7 @@ import copy
 import hashlib
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -275,6 +276,70 @@ def test_malformed_figures_name_the_field(breakage: Any, field: str) -> None:
     breakage(figures)
     with pytest.raises(InputError, match=re.escape(field)):
         _render(report, figures)
+
+
+def _number_paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """The path of every number (not a bool) in a JSON value."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _number_paths(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _number_paths(v, (*path, i))
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        yield path
+
+
+# Extreme, and still drawable: for an integer's place, and for a float's.
+DRAWN = {int: (0, -1, 2**62, -(2**62), 1), float: (5e-324, -5e-324, 0.0, -0.0, 1e-300, 1e18, -1e18)}
+BEYOND = (1e308, -1e300, 2**63 + 1, 10**400)
+
+
+def _set(inputs: list[Any], path: tuple[Any, ...], value: Any) -> None:
+    *head, last = path
+    holder: Any = inputs
+    for key in head:
+        holder = holder[key]
+    holder[last] = value
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    root, *rest = path
+    return ("report", "figures")[root] + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in rest)
+
+
+def test_extreme_numbers_render_or_are_refused_naming_the_field() -> None:
+    """Numbers no real run records (the smallest floats, huge integers, zeros where a bar's length goes, negatives
+    where counts go), ten at a time in any place of either input, each of the type it replaces: the page renders,
+    or InputError names a field (steps no longer increasing, a count below 0); nothing else goes wrong."""
+    rendered = 0
+    for seed in range(60):
+        rng = random.Random(seed)
+        inputs = list(_inputs())
+        for path in rng.sample(list(_number_paths(inputs)), 10):
+            old: Any = inputs
+            for key in path:
+                old = old[key]
+            _set(inputs, path, rng.choice(DRAWN[type(old)]))
+        try:
+            page = _render(inputs[0], inputs[1])
+        except InputError as e:
+            assert re.match(r"(report|figures)\.", str(e)), e
+            continue
+        assert page.startswith(b"<!DOCTYPE html>") and page.count(b"<svg") == PLOTS
+        rendered += 1
+    assert rendered >= 30, f"only {rendered} of 60 rendered: the test no longer reaches the figures"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_number_beyond_what_a_page_draws_is_refused_by_its_path(seed: int) -> None:
+    rng = random.Random(seed)
+    inputs = list(_inputs())
+    path = rng.choice(list(_number_paths(inputs)))
+    value = rng.choice(BEYOND)
+    _set(inputs, path, value)
+    with pytest.raises(InputError, match=re.escape(f"{_where(path)}: {value!r}"[:60])):
+        _render(inputs[0], inputs[1])
 
 
 # ----------------------------------------------------------------------------------------------- browser
