@@ -68,7 +68,8 @@ def v1_experiment(tiny_experiment: TinyExperiment, tmp_path_factory: pytest.Temp
     store = Store.open(exp.db)
     arts = ArtifactStore(exp.artifacts)
     head = store.find(kind="report")[-1].receipt
-    audit, settlement = (store.get(p).receipt for p in head.parents)
+    cited = {r.kind: r for r in (store.get(p).receipt for p in head.parents)}  # parents are in id order
+    audit, settlement = cited["audit"], cited["settlement"]
     report = digests.parse_canonical(arts.get_bytes(audit.artifacts["report"]) or b"")
     log_head = head.measurements["log_head"]
     page = report_page.render_page(store, arts, audit, report, log_head, V1)
