@@ -314,6 +314,14 @@ class ReexecutionMismatch(VerificationError):
     """Re-executing a recorded computation (a model's outputs, a training segment) gave other results."""
 
 
+class MissingDependency(LedgerError):
+    """A check needs a library this installation lacks, or has in another version than the one the check's bytes
+    depend on (matplotlib 3.11 to render a format-1 report page again): the check cannot run, so nothing is
+    verified, and nothing is called tampered with."""
+
+    exit_code = EXIT_FAILED
+
+
 class RunFailed(LedgerError):
     """A launched group of ranks failed: which arm, which rank first, every exit code, where the logs are."""
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
+from ledger.errors import MissingDependency
 from ledger.experiment.formats import REPORT_HTML_MATPLOTLIB_FORMAT
 from verify.report_plots import PART_COLORS, Bars, BytesBars, Forest, Panels, Timeline, Trajectory, color, human_bytes
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FORMAT = REPORT_HTML_MATPLOTLIB_FORMAT
+SERIES = "3.11"  # the matplotlib series format-1 pages were drawn with: another one draws other bytes
 
 # The SVG output depends only on these, never on a user's matplotlibrc.
 _RC: dict[str, Any] = {
@@ -101,8 +103,16 @@ class MatplotlibCharts:
 
     @contextmanager
     def session(self) -> Iterator[None]:
-        import matplotlib
-        import matplotlib.style
+        try:
+            import matplotlib
+            import matplotlib.style
+        except ImportError as e:
+            raise MissingDependency(f"a {FORMAT} report page is drawn by matplotlib {SERIES}, which is not installed "
+                                    f"(pip install 'matplotlib=={SERIES}.*')") from e
+        version = str(getattr(matplotlib, "__version__", "unknown"))
+        if version.split(".")[:2] != SERIES.split("."):
+            raise MissingDependency(f"a {FORMAT} report page is drawn by matplotlib {SERIES}; this is matplotlib "
+                                    f"{version}, which draws other bytes (pip install 'matplotlib=={SERIES}.*')")
 
         with matplotlib.style.context("default"), matplotlib.rc_context(cast(Any, _RC)):
             yield

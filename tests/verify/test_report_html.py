@@ -492,3 +492,30 @@ def test_fixture_is_the_audit_shape() -> None:
     altered = copy.deepcopy(figures)
     altered["losses"] = {}
     assert b"figures.losses" in _render(report, altered)
+
+
+def test_format_1_without_its_matplotlib_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another matplotlib series would draw other bytes: the page is not judged tampered, the check says it cannot
+    run, naming the version (exit code 1, as a check that does not hold)."""
+    import matplotlib
+
+    from ledger.errors import EXIT_FAILED, MissingDependency
+
+    monkeypatch.setattr(matplotlib, "__version__", "3.12.0")
+    with pytest.raises(MissingDependency, match=r"matplotlib 3\.11; this is matplotlib 3\.12\.0") as caught:
+        _render(*_inputs(), format="ledger-report-html/1")
+    assert caught.value.exit_code == EXIT_FAILED and "\n" not in caught.value.one_line()
+
+
+def test_format_1_with_no_matplotlib_says_what_to_install(tmp_path: Path) -> None:
+    code = ("import json, sys\n"
+            "sys.modules['matplotlib'] = None  # as if not installed\n"
+            "from ledger.errors import MissingDependency\n"
+            "from verify.report_html import render_report\n"
+            "try:\n"
+            f"    render_report(json.load(open({str(REPORT_FIXTURE)!r})), json.load(open({str(FIGURES_FIXTURE)!r})),"
+            " 'ledger-report-html/1')\n"
+            "except MissingDependency as e:\n"
+            "    print(e.one_line())\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "not installed (pip install 'matplotlib==3.11.*')" in out.stdout, out.stdout + out.stderr
