@@ -348,11 +348,15 @@ class _Page:
         cmp = _mapping(learning.get("comparisons_to_seed"), "report.learning.comparisons_to_seed")
         vals = [c for c in cmp.values() if isinstance(c, Mapping)]
         local = _mapping(learning.get("local_vs_ddp"), "report.learning.local_vs_ddp")
-        uppers = [c["retention"]["normal_99pct_upper"] for c in vals if isinstance(c.get("retention"), Mapping)]
+        def numbers(key: str, of: Sequence[Any]) -> list[float]:  # a figure the report lacks is shown as "—"
+            return [c[key] for c in of if isinstance(c.get(key), int | float) and not isinstance(c[key], bool)]
+
+        retention = [c["retention"] for c in vals if isinstance(c.get("retention"), Mapping)]
+        uppers = numbers("normal_99pct_upper", retention)
         derived: dict[str, tuple[Any, str, str]] = {
-            "minimum_accuracy_gain_vs_seed": (min((c["accuracy_gain"] for c in vals), default=None), "≥",
+            "minimum_accuracy_gain_vs_seed": (min(numbers("accuracy_gain", vals), default=None), "≥",
                                               "smallest accuracy gain vs seed"),
-            "maximum_one_sided_p_vs_seed": (max((c["exact_one_sided_p"] for c in vals), default=None), "≤",
+            "maximum_one_sided_p_vs_seed": (max(numbers("exact_one_sided_p", vals), default=None), "≤",
                                             "largest one-sided p vs seed"),
             "paired_99pct_lower_vs_ddp_min": (local.get("normal_99pct_lower"), "≥",
                                               f"{learning.get('primary_arm', 'primary')} vs DDP, 99% lower bound"),

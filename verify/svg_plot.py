@@ -385,14 +385,14 @@ class Plot:
     def _scales(a: Axes) -> tuple[Scale, Scale]:
         if a.xlim is not None:
             sx = Scale(*a.xlim, log=a.xlog)
-        elif a.xticks is not None:
+        elif a.xticks:
             pos = [p for p, _ in a.xticks] + a.xs
             sx = Scale(min(pos) - 0.6, max(pos) + 0.6)
         else:
             sx = Scale(*_limits(a.xs, zero=a.xzero), log=a.xlog)
         if a.ylim is not None:
             sy = Scale(*a.ylim)
-        elif a.yticks is not None:
+        elif a.yticks:
             pos = [p for p, _ in a.yticks]
             sy = Scale(min(pos) - 0.6, max(pos) + 0.6)
         else:
