@@ -519,3 +519,39 @@ def test_format_1_with_no_matplotlib_says_what_to_install(tmp_path: Path) -> Non
             "    print(e.one_line())\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert "not installed (pip install 'matplotlib==3.11.*')" in out.stdout, out.stdout + out.stderr
+
+
+def _nodes(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    yield path, value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _nodes(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _nodes(v, (*path, i))
+
+
+def test_malformed_figures_of_any_shape_are_refused_naming_a_field() -> None:
+    """Three random changes to ``figures`` (a key or an item deleted, a value replaced by null, a string, an empty
+    list or object, a bool, -1 or 0): the page renders or InputError names a field of figures, never another
+    error (the contract of the module docstring)."""
+    outcomes = {"rendered": 0, "refused": 0}
+    for seed in range(300):
+        rng = random.Random(seed)
+        report, figures = _inputs()
+        for _ in range(3):
+            path, _ = rng.choice(list(_nodes(figures))[1:])
+            holder: Any = figures
+            for key in path[:-1]:
+                holder = holder[key]
+            if rng.random() < 0.4:
+                del holder[path[-1]]
+            else:
+                holder[path[-1]] = rng.choice([None, "x", [], {}, True, -1, 0])
+        try:
+            _render(report, figures)
+            outcomes["rendered"] += 1
+        except InputError as e:
+            assert str(e).startswith("figures"), e
+            outcomes["refused"] += 1
+    assert outcomes["rendered"] >= 20 and outcomes["refused"] >= 100, outcomes
