@@ -288,10 +288,10 @@ class Verifier:
 
     def prefetch(self, receipts: Iterable[Receipt], ancestry: Mapping[str, Receipt] | None = None) -> None:
         """Start the slow recomputation of these receipts' checks now, on a worker process, so that it is done by the
-        time verification reaches them: the page of a ``report`` receipt (rendering it takes matplotlib about a
-        second, verify/report_page.py). The receipts need not be verified yet (their parents are looked up in
-        ``ancestry``, else in the ledger): the check computes its inputs again when it runs and uses a prefetched
-        result only for exactly the same inputs."""
+        time verification reaches them: the page of a format-1 ``report`` receipt (rendering it takes matplotlib
+        about a second, verify/report_page.py; a format-2 page renders in-process in milliseconds). The receipts
+        need not be verified yet (their parents are looked up in ``ancestry``, else in the ledger): the check
+        computes its inputs again when it runs and uses a prefetched result only for exactly the same inputs."""
         if self.artifacts is None:
             return
         for r in receipts:
@@ -304,7 +304,7 @@ class Verifier:
                 except Exception:  # noqa: BLE001 - not verified yet: verification meets it in its turn
                     continue
                 if parent.kind == "audit":
-                    from verify.report_page import start_rendering  # matplotlib's caller, only for a page
+                    from verify.report_page import start_rendering  # imported only for a report receipt
 
                     start_rendering(self.store, self.artifacts, r, parent, self._memo)
                     break
@@ -372,9 +372,9 @@ class Verifier:
         report)."""
         known = self._known
         lines: list[str] = []
-        # Report pages render on a worker process (verify/report_page.py), started as their rows are read; their
-        # receipts are verified after every other one, so that the rest of the ledger is verified while the pages
-        # render instead of after. (A receipt citing a report verifies it on the way, as its ancestor.)
+        # A format-1 report page renders on a worker process (verify/report_page.py), started as its row is read;
+        # report receipts are verified after every other one, so that the rest of the ledger is verified while such
+        # a page renders instead of after. (A receipt citing a report verifies it on the way, as its ancestor.)
         pages: list[tuple[str, StoredRow | None, list[ParentEdge], list[ArtifactRef]]] = []
 
         def one(rid: str, row: StoredRow | None, edges: list[ParentEdge], arts: list[ArtifactRef]) -> None:
