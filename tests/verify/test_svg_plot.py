@@ -1,5 +1,5 @@
 """The SVG plotting layer of report format 2 (verify/svg_plot.py): round ticks, exact labels, escaping, geometry that
-stays inside the figure, and the box plot's quartiles as numpy computes them."""
+stays inside the figure."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ import math
 import random
 import re
 
-import numpy as np
 import pytest
 
-from verify.report_charts import _quantile
 from verify.svg_plot import Legend, Plot, Scale, nice_ticks, text_width, tick_label
 
 ROUND = {1.0, 2.0, 2.5, 5.0}
@@ -93,14 +91,6 @@ def test_the_same_calls_give_the_same_bytes() -> None:
         return p.svg("x")
 
     assert draw() == draw()
-
-
-def test_quartiles_are_numpy_s() -> None:
-    rng = random.Random(3)
-    for n in (1, 2, 5, 40, 101):
-        vs = sorted(rng.expovariate(20) for _ in range(n))
-        for q in (0.25, 0.5, 0.75):
-            assert _quantile(vs, q) == pytest.approx(float(np.quantile(vs, q)), rel=1e-12)
 
 
 def test_text_width_grows_with_the_text() -> None:
