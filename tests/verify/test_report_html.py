@@ -278,16 +278,20 @@ def test_malformed_figures_name_the_field(breakage: Any, field: str) -> None:
         _render(report, figures)
 
 
-def _number_paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """The path of every number (not a bool) in a JSON value."""
+def _nodes(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """Every value inside a JSON value (itself first), with its path of keys and indices."""
+    yield path, value
     if isinstance(value, dict):
         for k, v in value.items():
-            yield from _number_paths(v, (*path, k))
+            yield from _nodes(v, (*path, k))
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            yield from _number_paths(v, (*path, i))
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        yield path
+            yield from _nodes(v, (*path, i))
+
+
+def _number_paths(value: Any) -> list[tuple[Any, ...]]:
+    """The path of every number (not a bool) in a JSON value."""
+    return [p for p, v in _nodes(value) if isinstance(v, int | float) and not isinstance(v, bool)]
 
 
 # Extreme, and still drawable: for an integer's place, and for a float's.
@@ -295,12 +299,15 @@ DRAWN = {int: (0, -1, 2**62, -(2**62), 1), float: (5e-324, -5e-324, 0.0, -0.0, 1
 BEYOND = (1e308, -1e300, 2**63 + 1, 10**400)
 
 
+def _holder(value: Any, path: tuple[Any, ...]) -> Any:
+    """What holds the value at ``path`` inside ``value``."""
+    for key in path[:-1]:
+        value = value[key]
+    return value
+
+
 def _set(inputs: list[Any], path: tuple[Any, ...], value: Any) -> None:
-    *head, last = path
-    holder: Any = inputs
-    for key in head:
-        holder = holder[key]
-    holder[last] = value
+    _holder(inputs, path)[path[-1]] = value
 
 
 def _where(path: tuple[Any, ...]) -> str:
@@ -316,11 +323,8 @@ def test_extreme_numbers_render_or_are_refused_naming_the_field() -> None:
     for seed in range(60):
         rng = random.Random(seed)
         inputs = list(_inputs())
-        for path in rng.sample(list(_number_paths(inputs)), 10):
-            old: Any = inputs
-            for key in path:
-                old = old[key]
-            _set(inputs, path, rng.choice(DRAWN[type(old)]))
+        for path in rng.sample(_number_paths(inputs), 10):
+            _set(inputs, path, rng.choice(DRAWN[type(_holder(inputs, path)[path[-1]])]))
         try:
             page = _render(inputs[0], inputs[1])
         except InputError as e:
@@ -335,7 +339,7 @@ def test_extreme_numbers_render_or_are_refused_naming_the_field() -> None:
 def test_a_number_beyond_what_a_page_draws_is_refused_by_its_path(seed: int) -> None:
     rng = random.Random(seed)
     inputs = list(_inputs())
-    path = rng.choice(list(_number_paths(inputs)))
+    path = rng.choice(_number_paths(inputs))
     value = rng.choice(BEYOND)
     _set(inputs, path, value)
     with pytest.raises(InputError, match=re.escape(f"{_where(path)}: {value!r}"[:60])):
@@ -521,16 +525,6 @@ def test_format_1_with_no_matplotlib_says_what_to_install(tmp_path: Path) -> Non
     assert "not installed (pip install 'matplotlib==3.11.*')" in out.stdout, out.stdout + out.stderr
 
 
-def _nodes(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    yield path, value
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _nodes(v, (*path, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _nodes(v, (*path, i))
-
-
 def test_malformed_figures_of_any_shape_are_refused_naming_a_field() -> None:
     """Three random changes to ``figures`` (a key or an item deleted, a value replaced by null, a string, an empty
     list or object, a bool, -1 or 0): the page renders or InputError names a field of figures, never another
@@ -541,9 +535,7 @@ def test_malformed_figures_of_any_shape_are_refused_naming_a_field() -> None:
         report, figures = _inputs()
         for _ in range(3):
             path, _ = rng.choice(list(_nodes(figures))[1:])
-            holder: Any = figures
-            for key in path[:-1]:
-                holder = holder[key]
+            holder = _holder(figures, path)
             if rng.random() < 0.4:
                 del holder[path[-1]]
             else:
