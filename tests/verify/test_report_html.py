@@ -547,3 +547,26 @@ def test_malformed_figures_of_any_shape_are_refused_naming_a_field() -> None:
             assert str(e).startswith("figures"), e
             outcomes["refused"] += 1
     assert outcomes["rendered"] >= 20 and outcomes["refused"] >= 100, outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_reference_run_s_report_renders_in_a_real_browser(browser: Any, tmp_path: Path, width: int) -> None:
+    """The report of the real four-host 1.7B run (shared/reference), the shape the audit produces, with no figures
+    beyond it: every plot the report alone holds is drawn, at that run's scale (terabytes, thousands of seconds),
+    with no label cut off; the plots it needs figures for say which are missing."""
+    from tests.verify.test_statistics import REFERENCE_FILE
+
+    if not REFERENCE_FILE.exists():
+        _unavailable(f"no reference report at {REFERENCE_FILE} (set LEDGER_SHARED_DIR to the shared directory)")
+    report = json.loads(REFERENCE_FILE.read_text())
+    page = _render(report, {"audit_receipt": "blake3:" + "0" * 64, "log_head": None})
+    path = tmp_path / "reference.html"
+    path.write_bytes(page)
+    facts, requests, console = _open(browser, path, width)
+    assert console == [] and requests == [path.as_uri()]
+    assert facts["sections"] == SECTIONS
+    assert facts["svgs"] == 6  # seconds, bytes, timeline, accuracy, forest, throughput
+    assert facts["textOutside"] == [], "labels cut off at a plot's edge"
+    assert facts["scrollWidth"] <= facts["innerWidth"]
+    assert page.decode().count("were not supplied (figures.") == 4
