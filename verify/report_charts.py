@@ -49,7 +49,8 @@ class SvgCharts:
             ax.line(tr.steps, tr.loss, c, 1.6)
             if len(tr.steps) <= 40:
                 ax.markers(tr.steps, tr.loss, "circle", 4, c)
-            at = [(s, v) for s, v in zip(tr.steps, tr.loss, strict=True) if s in set(tr.checkpoints)]
+            marked = set(tr.checkpoints)
+            at = [(s, v) for s, v in zip(tr.steps, tr.loss, strict=True) if s in marked]
             ax.markers([s for s, _ in at], [v for _, v in at], "diamond", 9, c, fill="#ffffff", width=1.6)
             p.legend.append(Legend(arm, "line", c))
         p.legend.append(Legend("checkpoint", "diamond", "#333333", fill="#ffffff"))

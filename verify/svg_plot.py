@@ -100,6 +100,10 @@ class Scale:
             return (math.log10(v) - math.log10(self.lo)) / ((math.log10(self.hi) - math.log10(self.lo)) or 1.0)
         return (v - self.lo) / ((self.hi - self.lo) or 1.0)
 
+    def shows(self, v: float) -> bool:
+        """Whether ``v`` is on the axis (its ends included, up to rounding)."""
+        return -1e-9 <= self.frac(v) <= 1 + 1e-9
+
     def ticks(self, n: int = 5) -> list[tuple[float, str]]:
         if self.log:
             a, b = math.ceil(math.log10(self.lo) - 1e-9), math.floor(math.log10(self.hi) + 1e-9)
@@ -405,13 +409,13 @@ class Plot:
         F = Frame(x0, x1, top, bottom, sx, sy, a.invert_y)
         xt = a.xticks if a.xticks is not None else sx.ticks(_xbins(x1 - x0))
         ylabels = yt if labelled else []
-        inside = [(v, t) for v, t in xt if -1e-9 <= sx.frac(v) <= 1 + 1e-9]
+        inside = [(v, t) for v, t in xt if sx.shows(v)]
         if a.xgrid and a.xticks is None:
             out.extend(f'<line x1="{_f(F.X(v))}" y1="{_f(top)}" x2="{_f(F.X(v))}" y2="{_f(bottom)}" stroke="{GRID}" '
                        f'stroke-width="0.6"/>' for v, _ in inside)
         if a.ygrid and a.yticks is None:
             out.extend(f'<line x1="{_f(x0)}" y1="{_f(F.Y(v))}" x2="{_f(x1)}" y2="{_f(F.Y(v))}" stroke="{GRID}" '
-                       f'stroke-width="0.6"/>' for v, _ in yt if -1e-9 <= sy.frac(v) <= 1 + 1e-9)
+                       f'stroke-width="0.6"/>' for v, _ in yt if sy.shows(v))
         for draw in a.items:
             out.append(draw(F))
         out.append(f'<path d="M{_f(x0)},{_f(top)}V{_f(bottom)}H{_f(x1)}" fill="none" stroke="{INK}" '
@@ -421,7 +425,7 @@ class Plot:
                        f'stroke="{INK}" stroke-width="0.8"/>' + _label(F.X(v), bottom + 5 + a.xtick_size * 0.8, t,
                                                                      "middle", a.xtick_size))
         for v, t in ylabels:
-            if -1e-9 <= sy.frac(v) <= 1 + 1e-9:
+            if sy.shows(v):
                 out.append(f'<line x1="{_f(x0 - 3.5)}" y1="{_f(F.Y(v))}" x2="{_f(x0)}" y2="{_f(F.Y(v))}" '
                            f'stroke="{INK}" stroke-width="0.8"/>' + _label(x0 - 6, F.Y(v) + SMALL * 0.35, t, "end",
                                                                           SMALL))
