@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from ledger import rules
 from ledger.errors import RecordInvalid
+from ledger.experiment import formats as fmt
 from ledger.receipts import Kind, Receipt
 from ledger.rules import Rule
 
@@ -130,56 +131,56 @@ KINDS: Final[Mapping[Kind, KindSpec]] = MappingProxyType({
                    "comparisons": dict, "contents_exactly_equal": bool, "file_hashes_equal": bool,
                    "parameter_digest": str, "binding": dict, "binding_equal": bool, "trajectory_steps": int,
                    "trajectory_equal": bool, "scope": str, "seconds": NUMBER},
-                  when={"format": "ledger-recovery-rank/1"}),
+                  when={"format": fmt.RECOVERY_RANK_FORMAT}),
             Shape({"arm": str, "killed_rank": int, "last_observed_step_before_kill": int, "restore_step": int,
                    "failed_group_seconds": NUMBER, "restarted_group_seconds": NUMBER, "detect_seconds": NUMBER,
                    "all_rank_state_and_trajectory_comparisons_passed": bool, "uninterrupted_run": str,
                    "recovered_run": str, "scope": str},
-                  when={"format": "ledger-recovery/1"}),
+                  when={"format": fmt.RECOVERY_SUMMARY_FORMAT}),
             Shape({"run": str, "arm": str, "from_step": int, "to_step": int, "passed": bool, "ranks": list,
-                   "seconds": NUMBER}, when={"format": "ledger-replay/1"}),
+                   "seconds": NUMBER}, when={"format": fmt.REPLAY_FORMAT}),
             Shape({"comparison": str, "documents": int, "baseline": dict, "candidate": dict, "baseline_correct": int,
                    "candidate_correct": int, "gained": int, "lost": int, "accuracy_gain": NUMBER,
                    "standard_error": NUMBER, "normal_99pct_lower": NUMBER, "normal_99pct_upper": NUMBER,
                    "exact_one_sided_p": NUMBER, "interval_scope": str},
-                  when={"method": "paired-exact-match"}),
+                  when={"method": fmt.COMPARISON_METHOD}),
         ))),
     Kind.EVAL: KindSpec(
         "per-document outcomes of a model on the selection, with breakdowns and retention", rules.eval_,
         Schema((Shape({"arm": str, "documents": int, "correct": int, "breakdowns": dict, "retention": dict,
-                       "settings": dict}, when={"format": "ledger-eval/1"}),))),
+                       "settings": dict}, when={"format": fmt.EVAL_FORMAT}),))),
     Kind.QUALITY: KindSpec(
         "the pre-registered quality contract judged from paired comparisons", rules.quality,
         Schema((Shape({"primary_arm": str, "baseline_arm": str, "arms": list, "missing_arms": list,
                        "conditions": dict, "learning": dict, "quality_contract_passed": bool},
-                      when={"format": "ledger-quality/1"}),))),
+                      when={"format": fmt.QUALITY_FORMAT}),))),
     Kind.REPLICA: KindSpec(
         "a serving replica proving the model it loaded (the digest it computed from the bytes it loaded)",
         rules.replica, Schema((Shape({"endpoint": str, "model_digest": str, "checkpoint_receipt": str,
-                                      "binding": dict}, when={"format": "ledger-serve-replica/1"}),))),
+                                      "binding": dict}, when={"format": fmt.SERVE_REPLICA_FORMAT}),))),
     Kind.SERVE_PHASE: KindSpec(
         "one serving phase: its replicas, its request set and its per-request log", rules.serve_phase,
         Schema((Shape({"phase": str, "run_id": str, "concurrency": int, "endpoints": list, "request_set": str,
                        "requests": int, "successful": int, "retries": int, "seconds": NUMBER,
                        "requests_per_second": (int, float, type(None)), "unavailable": list, "metrics": list},
-                      when={"format": "ledger-serve-phase/1"}),))),
+                      when={"format": fmt.SERVE_PHASE_FORMAT}),))),
     Kind.SERVE_SUMMARY: KindSpec(
         "the serving section: the three phases judged against the contract's serving conditions",
         rules.serve_summary,
         Schema((Shape({"arm": str, "conditions": dict, "failure_retries": int, "phases": dict,
-                       "serving_fixture_passed": bool, "scope": str}, when={"format": "ledger-serve-summary/1"}),))),
+                       "serving_fixture_passed": bool, "scope": str}, when={"format": fmt.SERVE_SUMMARY_FORMAT}),))),
     Kind.AUDIT: KindSpec(
         "the report recomputed from the ledger, with the contracts' verdicts", rules.audit,
-        Schema((Shape({"contracts": dict, "tokens_issued": int}, when={"format": "ledger-audit/1"}),))),
+        Schema((Shape({"contracts": dict, "tokens_issued": int}, when={"format": fmt.AUDIT_FORMAT}),))),
     Kind.SETTLEMENT: KindSpec(
         "the tokens issued for an audited experiment (only when every contract passes)", rules.settlement,
         Schema((Shape({"contracts": dict, "tokens_issued": int, "rule": str},
-                      when={"format": "ledger-settlement/1"}),))),
+                      when={"format": fmt.SETTLEMENT_FORMAT}),))),
     Kind.REPORT: KindSpec(
         "the audit's report rendered as one self-contained HTML page (the page's digest)", rules.report,
         # Format 2 draws the figures without matplotlib (docs/report.md); format 1 pages still verify.
         Schema(tuple(Shape({"bytes": int, "log_head": (str, type(None))}, when={"format": f})
-                     for f in ("ledger-report-html/2", "ledger-report-html/1")))),
+                     for f in fmt.REPORT_HTML_FORMATS))),
     Kind.NOTE: KindSpec(
         "free-form evidence (examples, operator remarks); no rule beyond the common ones", rules.no_rule, Schema()),
     Kind.KEY: KindSpec(

@@ -89,3 +89,14 @@ def test_a_format_no_shape_knows_is_refused() -> None:
 def test_kind_members_are_stored_as_plain_strings() -> None:
     r = make_receipt(Kind.NOTE, measurements={"x": 1})
     assert type(r.kind) is str and r.body == make_receipt("note", measurements={"x": 1}).body
+
+
+def test_every_format_the_table_selects_is_named_where_writers_take_it() -> None:
+    # Writers put formats in receipts from ledger/experiment/formats.py (and the key formats from ledger/rules.py):
+    # a format only the table spells could be selected by no receipt a writer makes.
+    from ledger.experiment import formats
+
+    named = {v for k, v in vars(formats).items() if k.isupper() and isinstance(v, str)}
+    named |= {rules.KEY_FORMAT, rules.KEY_REVOCATION_FORMAT}
+    selected = {value for spec in KINDS.values() for shape in spec.schema.shapes for value in shape.when.values()}
+    assert selected == named
