@@ -22,7 +22,9 @@ hits them alike; ratios use the best round of each. Each line prints its target 
   verifies) against the audit without them; and with 100,000 receipts of another experiment in the ledger;
 * scale: a safetensors file shaped like SmolLM2-1.7B (218 BF16 tensors, 1,711,376,384 parameters, 3.4 GB): its
   state digest against ``b3sum``, comparing two copies (state and file digests of both) against ``b3sum`` over both,
-  and the peak anonymous memory of each (RSS beyond the file pages they map);
+  and the peak anonymous memory of each (RSS beyond the file pages they map); then ``ledger verify`` of a receipt
+  citing that state at one checkpoint directory, and at two, against ``b3sum`` over the same files (what the audit
+  costs per checkpoint at the reference's scale);
 * encoder: the fast canonical encoder and parser give the reference's bytes on every document of EXP.
 """
 
@@ -640,8 +642,54 @@ def scale_section(tmp: Path, n: int) -> None:
         FIGURES["scale"][f"{what}_peak_anon"] = peak
         report("scale", f"{what}: peak RSS beyond mapped file pages (a child process)", f"{peak / 2**20:.0f} MiB",
                "bounded (< 512 MiB)", peak < 512 << 20)
+    verify_at_scale(tmp, [a.parent, b.parent], n)
     a.unlink()
     b.unlink()
+
+
+def verify_at_scale(tmp: Path, dirs: list[Path], n: int) -> None:
+    """What the audit does per checkpoint, at the reference's scale: ``ledger verify`` of a receipt whose state is
+    recorded at one checkpoint directory, and of one recording it at both ``dirs`` (given their manifests here),
+    re-hashes every copy against its manifest (tensor and file digests) and the receipt; against ``b3sum`` over
+    the same files, less the start-up ``ledger --help`` also pays. The per-tensor Python of the default
+    experiment's audit is negligible there; what is left is the hashing: a copy read alone is hashed twice (its
+    tensors' digests and its file's, in one pass over its bytes), a further copy of the same file once (its file
+    digest, equal to the first's, vouches for its tensors)."""
+    from ledger.state import write_manifest
+
+    say(f"writing the manifests of {len(dirs)} copies, a ledger citing one and both")
+    state = [write_manifest(d, {"bench": "audit at scale"}).checkpoint for d in dirs]
+    assert len(set(state)) == 1, state
+    led = ledger_argv()
+    contenders: dict[str, Callable[[], object]] = {"help": command([*led, "--help"])}
+    files: dict[int, list[str]] = {}
+    for k in (1, len(dirs)):  # a ledger each: the verifier re-hashes every copy recorded for the digest
+        root = tmp / f"scale-ledger-{k}"
+        root.mkdir()
+        arts = ArtifactStore(root / "artifacts")
+        inputs = {name: arts.put_bytes(f"{name} of the scale ledger\n".encode()) for name in ("config", "data")}
+        prepare = make_receipt("prepare", run="scale", prepared=digests.prepared_digest(inputs), artifacts=inputs)
+        cited = make_receipt("note", run="scale", prepared=prepare.prepared, parents=[prepare],
+                             artifacts={"state": state[0]}, measurements={"copies": k})
+        with Store.open(root / "ledger.db", create=True) as store:
+            store.append_many([prepare, cited])
+            for d in dirs[:k]:
+                store.add_receipt_locations(cited.id, {"state": str(d)})
+        files[k] = [str(f) for d in dirs[:k] for f in sorted(d.iterdir())]
+        contenders[f"b3sum-{k}"] = b3sum(files[k])
+        contenders[f"verify-{k}"] = command([*led, "verify", "--db", str(root / "ledger.db"), "--require-artifacts",
+                                             cited.id])
+    warm(files[len(dirs)])
+    times = rounds(contenders, n)
+    FIGURES["scale"]["verify"] = times
+    h = best(times["help"])
+    for k in files:
+        b, v = best(times[f"b3sum-{k}"]), best(times[f"verify-{k}"])
+        where = "one copy" if k == 1 else f"{k} copies"
+        report("scale", f"b3sum over {where} ({len(files[k])} files with the manifests)", spread(times[f"b3sum-{k}"]))
+        report("scale", f"ledger verify of a receipt citing {where} (CLI)", spread(times[f"verify-{k}"]))
+        report("scale", f"  (ledger verify - start-up) / b3sum, {where}", f"{(v - h) / b:.2f}x",
+               f"(the default experiment's audit: <= {TARGET_AUDIT}x)")
 
 
 # ----------------------------------------------------------------------------------------------- encoder
