@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -175,15 +175,17 @@ def artifact_store(db_url: str, root: Path | None) -> Any:
     return ArtifactStore(artifact_dir(root) if root is not None else default_root(db_url))
 
 
-def plain_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+def plain_table(head: Sequence[str], rows: Iterable[Sequence[str]], *, right: Collection[int] = ()) -> str:
     """A table in rich's look (a heavy rule under the header, no outer edge), every cell whole and on one line
     (escaped: :func:`ledger.errors.printable`), built as text instead of measured and folded to the terminal: rich
-    took a minute for 100,000 rows of `ledger log`, and cut ids short in an 80-column pipe."""
+    took a minute for 100,000 rows of `ledger log`, and cut ids short in an 80-column pipe. Columns whose indices
+    are in ``right`` are right-justified (counts)."""
     cells = [[printable(c) for c in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(head)]
+    justify = [str.rjust if i in right else str.ljust for i in range(len(head))]
 
     def line(values: Sequence[str], bar: str) -> str:
-        return bar.join(f" {v.ljust(w)} " for v, w in zip(values, widths, strict=True)).rstrip()
+        return bar.join(f" {j(v, w)} " for v, w, j in zip(values, widths, justify, strict=True)).rstrip()
 
     return "\n".join([line(head, "\u2503"), "\u2547".join("\u2501" * (w + 2) for w in widths),
                       *(line(r, "\u2502") for r in cells)])

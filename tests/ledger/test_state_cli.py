@@ -59,6 +59,23 @@ def test_digest_directory_table_and_json(tmp_path: Path) -> None:
     assert "tensors" not in doc and "files" not in doc
 
 
+def test_digest_tables_hold_one_row_a_tensor_and_file_each_whole(tmp_path: Path) -> None:
+    root = make_checkpoint(tmp_path / "ckpt")
+    state = read_state(root, files=True)
+    lines = run("digest", root, "--files").stdout.splitlines()
+    for comp in state.components.values():
+        row = next(line for line in lines if comp.digest in line)
+        # right-justified counts, as the JSON has them
+        assert row.split("\u2502")[2].strip() == str(len(comp.tensors)) and row.endswith(f" {comp.scalar_count}")
+        for name, t in comp.tensors.items():
+            assert sum(name in line and t.digest in line for line in lines) == 1
+    assert state.files is not None
+    for name, digest in state.files.items():
+        assert f" {name} " in next(line for line in lines if line.endswith(digest))
+    assert lines[:3] == [f"checkpoint {root}", f"digest {state.digest}", "components"]
+    assert {"tensors", "files"} <= set(lines)
+
+
 def test_digest_single_file_is_its_component_digest(tmp_path: Path) -> None:
     root = make_checkpoint(tmp_path / "ckpt", shards=2)
     shard = root / "model-00001-of-00002.safetensors"
