@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 from typer.core import TyperGroup
@@ -49,9 +49,11 @@ class LazyConsole:
         self.console.print(*(printable(o, lines=True) if isinstance(o, str) else o for o in objects), **options)
 
 
-# No markup: text read from files and receipts (a tensor named "[/]" or "[red]x") is printed, never interpreted.
-out: Console = LazyConsole(highlight=False, soft_wrap=True, markup=False)  # type: ignore[assignment]
-err: Console = LazyConsole(stderr=True, highlight=False, soft_wrap=True, markup=False)  # type: ignore[assignment]
+# No markup and no emoji codes: text read from files and receipts (a tensor named "[/]" or "[red]x", a note saying
+# ":x:", which rich shows as an emoji even without markup) is printed, never interpreted.
+_PLAIN: Final[dict[str, Any]] = {"highlight": False, "soft_wrap": True, "markup": False, "emoji": False}
+out: Console = LazyConsole(**_PLAIN)  # type: ignore[assignment]
+err: Console = LazyConsole(stderr=True, **_PLAIN)  # type: ignore[assignment]
 
 
 def add_row(table: Table, *cells: Any) -> None:
@@ -202,5 +204,5 @@ def print_wide(table: Table, console: Console | None = None, *, at_least: int | 
         console = console.console
     need = (at_least if at_least is not None
             else Measurement.get(console, console.options.update(width=100_000), table).maximum)
-    Console(highlight=False, soft_wrap=True, markup=False, width=max(console.width, need),
+    Console(**_PLAIN, width=max(console.width, need),
             file=console.file).print(table)

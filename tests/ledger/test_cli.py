@@ -383,6 +383,15 @@ def test_integer_filters_out_of_range_are_usage_errors(ledger_db: Path, args: li
     assert result.exit_code == 2 and "is not in the range" in result.stderr and "Traceback" not in result.output
 
 
+def test_show_prints_text_from_a_receipt_as_it_is_no_emoji_codes(ledger_db: Path, tmp_path: Path) -> None:
+    """rich replaces ":x:" with an emoji even without markup: a receipt's text must be shown as the receipt holds it."""
+    r = make_receipt("note", run="emoji", measurements={"message": "loss :x: then :thumbs_up:", ":warning:": 1})
+    assert run("append", write_receipts(tmp_path / "r.jsonl", [r]), "--db", ledger_db).exit_code == 0
+    shown = ok("show", r.id, "--db", ledger_db).stdout
+    assert "loss :x: then :thumbs_up:" in shown and ":warning:" in shown
+    assert not any(ord(c) > 0x2fff for c in shown), shown  # box-drawing characters only, no emoji
+
+
 def test_show_clips_a_long_measurement_and_json_keeps_it(ledger_db: Path, tmp_path: Path) -> None:
     """rich folds a long cell in time quadratic in its length (a 16 MB note took 87 s to show): the table shows the
     first SHOWN_MAX characters and says how many there are; --json and --raw hold them all."""

@@ -307,7 +307,8 @@ def test_digest_and_compare_import_neither_torch_nor_numpy(tmp_path: Path) -> No
 
 
 
-HOSTILE_NAMES = ("[/]", "[bold red]EQUAL[/bold red]", "a\x1b[2J\x1b[31mOK", "a\nb\nEQUAL", "r\u202etxt")
+HOSTILE_NAMES = ("[/]", "[bold red]EQUAL[/bold red]", "a\x1b[2J\x1b[31mOK", "a\nb\nEQUAL", "r\u202etxt",
+                 "w:x:y")  # rich would show an emoji for ":x:"
 
 
 def test_names_from_a_file_are_printed_as_they_are(tmp_path: Path) -> None:
@@ -316,11 +317,12 @@ def test_names_from_a_file_are_printed_as_they_are(tmp_path: Path) -> None:
     from tests.helpers_state import raw_safetensors
 
     a = raw_safetensors(tmp_path / "a.safetensors", {n: ("U8", [1], b"\x00") for n in HOSTILE_NAMES})
-    b = raw_safetensors(tmp_path / "b.safetensors", {n: ("U8", [1], b"\x01" if n == "[/]" else b"\x00")
+    b = raw_safetensors(tmp_path / "b.safetensors", {n: ("U8", [1], b"\x01" if n in ("[/]", "w:x:y") else b"\x00")
                                                      for n in HOSTILE_NAMES})
     result = run("digest", a)
     assert result.exit_code == 0, result.output
-    for shown in ("[/]", "[bold red]EQUAL[/bold red]", "a\\x1b[2J\\x1b[31mOK", "a\\x0ab\\x0aEQUAL", "r\\u202etxt"):
+    for shown in ("[/]", "[bold red]EQUAL[/bold red]", "a\\x1b[2J\\x1b[31mOK", "a\\x0ab\\x0aEQUAL", "r\\u202etxt",
+                  "w:x:y"):
         assert shown in result.stdout, (shown, result.stdout)
     assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
     assert not any(line.strip() in ("b", "EQUAL") for line in result.stdout.splitlines())
@@ -328,3 +330,4 @@ def test_names_from_a_file_are_printed_as_they_are(tmp_path: Path) -> None:
     result = run("compare", a, b)
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert result.stdout.rstrip().splitlines()[-1].startswith("DIFFERENT") and "[/]" in result.stdout
+    assert "w:x:y" in result.stdout and "\u274c" not in result.stdout  # not rich's emoji for ":x:"
