@@ -84,6 +84,14 @@ def append(
 
 
 SHOWN_MAX = 4000  # characters of one measurement in show's table; --json and --raw print everything
+
+
+def _clipped(text: str) -> str:
+    """``text`` as show's table holds it: folding a long cell costs rich time quadratic in its length (a 16 MB value
+    took 87 s), and a long name widens every row of the table to its length (a 1 MB one printed 6 MB)."""
+    if len(text) <= SHOWN_MAX:
+        return text
+    return f"{text[:SHOWN_MAX]}... ({len(text):,} characters in all: --json or --raw prints them)"
 MAX_LINE = 256 << 20  # bytes of one receipt line: a line that never ends (/dev/zero on stdin) is refused here
 
 
@@ -149,9 +157,7 @@ def show(
     rows += [(f"artifact {name}", digest) for name, digest in sorted(r.artifacts.items())]
     for name, value in sorted(r.measurements.items()):
         shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
-        if len(shown) > SHOWN_MAX:  # folding a long cell costs rich time quadratic in its length (16 MB: 87 s)
-            shown = f"{shown[:SHOWN_MAX]}... ({len(shown):,} characters in all: --json or --raw prints them)"
-        rows.append((name, shown))
+        rows.append((_clipped(name), _clipped(shown)))
     for name, value in rows:
         add_row(table, name, value)
     # Wide enough that an id or a digest (71 characters) is never folded across two lines, even in an 80-column

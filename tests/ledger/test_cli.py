@@ -383,6 +383,20 @@ def test_integer_filters_out_of_range_are_usage_errors(ledger_db: Path, args: li
     assert result.exit_code == 2 and "is not in the range" in result.stderr and "Traceback" not in result.output
 
 
+def test_show_clips_a_long_measurement_name_and_json_keeps_it(ledger_db: Path, tmp_path: Path) -> None:
+    """A name is as long as a value may be: unclipped, it widened every row of the table to its length."""
+    from ledger.cli.records import SHOWN_MAX
+
+    name = "k" * (SHOWN_MAX * 50)
+    r = make_receipt("note", measurements={name: 1, "short": 2})
+    assert run("append", write_receipts(tmp_path / "r.jsonl", [r]), "--db", ledger_db).exit_code == 0
+    result = run("show", r.id, "--db", ledger_db)
+    assert result.exit_code == 0 and f"{SHOWN_MAX * 50:,} characters in all" in result.stdout, result.stdout[:500]
+    assert len(result.stdout) < SHOWN_MAX * 40 and r.id in result.stdout
+    shown = json.loads(run("show", r.id, "--db", ledger_db, "--json").stdout)
+    assert shown["receipt"]["measurements"][name] == 1
+
+
 def test_show_prints_text_from_a_receipt_as_it_is_no_emoji_codes(ledger_db: Path, tmp_path: Path) -> None:
     """rich replaces ":x:" with an emoji even without markup: a receipt's text must be shown as the receipt holds it."""
     r = make_receipt("note", run="emoji", measurements={"message": "loss :x: then :thumbs_up:", ":warning:": 1})
