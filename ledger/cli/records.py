@@ -17,6 +17,7 @@ from ledger.cli.common import (
     JsonOpt,
     add_row,
     emit_json,
+    err,
     open_store,
     out,
     plain_table,
@@ -164,9 +165,14 @@ def show(
     # pipe (a copied or grepped id must be whole); a longer measurement still folds.
     print_wide(table, at_least=max(len(name) for name, _ in rows) + len(r.id) + 7)
     if r.kind in ("eval", "comparison", "quality"):  # breakdowns, comparisons and conditions as tables
-        from ledger.cli.render import render_receipt
+        from ledger.cli.render import SHAPE_ERRORS, render_receipt
 
-        render_receipt(out, r)
+        try:
+            render_receipt(out, r)
+        except SHAPE_ERRORS as exc:  # the fields above are all there is to show; judging them is verify's
+            err.print(f"ledger: warning: receipt {r.id}: its measurements are not in the shape of {r.kind} "
+                      f"receipts ({type(exc).__name__}: {exc}), so they are shown as fields only (see `ledger "
+                      "verify`)")
 
 
 def log(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from rich.console import Console
 from rich.table import Table
@@ -77,14 +77,22 @@ def conditions_table(conditions: Mapping[str, Mapping[str, Any]]) -> Table:
     return table
 
 
-def render_receipt(console: Console, r: Receipt) -> None:
-    """Render an eval, paired comparison or quality receipt's measurements as tables (for `ledger show`)."""
+# What building a table from measurements of the wrong shape raises (a string where a mapping goes, a missing key,
+# text formatted as a number, an integer too large for a float): JSON values give nothing else.
+SHAPE_ERRORS: Final = (TypeError, KeyError, AttributeError, ValueError, ArithmeticError, IndexError)
+
+
+def receipt_tables(r: Receipt) -> list[str | Table]:
+    """The lines and tables of an eval, paired comparison or quality receipt's measurements, built before any is
+    printed: measurements of another shape (a receipt written behind the library's back, or appended without the
+    fields its kind's tables read) raise one of SHAPE_ERRORS here, with nothing printed yet."""
     m = r.measurements
+    parts: list[str | Table] = []
     if r.kind == "eval" and "breakdowns" in m:
         ret: Mapping[str, Any] = m["retention"] if isinstance(m.get("retention"), dict) else {}
-        console.print(f"{m.get('arm')}: {m.get('correct')}/{m.get('documents')} correct; retention mean NLL "
-                      f"{_num(ret.get('mean_nll'))} over {_num(ret.get('probes'))} probes")
-        print_wide(console=console, table=breakdown_table(m["breakdowns"]))
+        parts.append(f"{m.get('arm')}: {m.get('correct')}/{m.get('documents')} correct; retention mean NLL "
+                     f"{_num(ret.get('mean_nll'))} over {_num(ret.get('probes'))} probes")
+        parts.append(breakdown_table(m["breakdowns"]))
     elif r.kind == "comparison" and "gained" in m:
         table = Table(title=f"{m.get('comparison')}: {m['candidate']['arm']} vs {m['baseline']['arm']}",
                       title_justify="left", show_header=False, show_edge=False)
@@ -94,16 +102,27 @@ def render_receipt(console: Console, r: Receipt) -> None:
             add_row(table, key, m[key] if isinstance(m[key], str) else repr(m[key]))
         for key, value in sorted((m.get("retention") or {}).items()):
             add_row(table, f"retention {key}", value if isinstance(value, str) else repr(value))
-        print_wide(console=console, table=table)
+        parts.append(table)
     elif r.kind == "quality" and "conditions" in m:
-        print_wide(console=console, table=conditions_table(m["conditions"]))
+        parts.append(conditions_table(m["conditions"]))
         learning = m.get("learning") or {}
         arms = ["seed", *m.get("arms", [])]
         if "breakdowns" in learning:
-            print_wide(console=console, table=merged_breakdown_table(learning["breakdowns"], arms))
+            parts.append(merged_breakdown_table(learning["breakdowns"], arms))
         rows = {f"{a}_vs_seed": c for a, c in (learning.get("comparisons_to_seed") or {}).items()}
         rows.update({k: learning[k] for k in ("local_vs_ddp", "local_vs_single_descriptive") if k in learning})
         if rows:
-            print_wide(console=console, table=comparisons_table(rows))
-        console.print(f"quality contract {'PASSED' if m['quality_contract_passed'] else 'FAILED'} "
-                      f"(primary arm {m.get('primary_arm')}, baseline {m.get('baseline_arm')})")
+            parts.append(comparisons_table(rows))
+        parts.append(f"quality contract {'PASSED' if m['quality_contract_passed'] else 'FAILED'} "
+                     f"(primary arm {m.get('primary_arm')}, baseline {m.get('baseline_arm')})")
+    return parts
+
+
+def render_receipt(console: Console, r: Receipt) -> None:
+    """Render an eval, paired comparison or quality receipt's measurements as tables (for `ledger show`); raises
+    one of SHAPE_ERRORS, having printed nothing, for measurements of another shape (:func:`receipt_tables`)."""
+    for part in receipt_tables(r):
+        if isinstance(part, str):
+            console.print(part)
+        else:
+            print_wide(console=console, table=part)
