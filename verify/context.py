@@ -77,15 +77,16 @@ KindCheck = Callable[[KindCheckContext], list[str]]
 
 
 def guarded(check: KindCheck) -> KindCheck:
-    """A malformed stored record (a missing key, a wrong type, inconsistent counts) is a failed verification of
-    the receipt being checked, never a crash or a usage error."""
+    """A malformed stored record (a missing key, a wrong type, inconsistent counts, a zero count divided by, an
+    integer too large for a float) is a failed verification of the receipt being checked, never a crash or a usage
+    error."""
 
     def run(ctx: KindCheckContext) -> list[str]:
         try:
             return check(ctx)
         except VerificationError:
             raise
-        except (InputError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        except (InputError, KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
             detail = exc.one_line() if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
             raise RecordInvalid.at(f"receipt {ctx.receipt.id}: malformed {ctx.receipt.kind} record: {detail}",
                                    receipt=ctx.receipt.id, field="measurements",

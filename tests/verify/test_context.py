@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from ledger.artifacts import ArtifactStore
+from ledger.errors import RecordInvalid
 from ledger.receipts import make_receipt
 from ledger.store import Store
-from verify.context import KindCheckContext, Memo
+from verify.context import KindCheckContext, Memo, guarded
 
 
 def test_a_context_for_another_receipt_is_the_same_context_with_that_receipt(tmp_path: Path) -> None:
@@ -27,3 +28,19 @@ def test_a_context_for_another_receipt_is_the_same_context_with_that_receipt(tmp
         assert (base.receipt, other.receipt) == (first, second)  # the base is left as it was
         with pytest.raises(dataclasses.FrozenInstanceError):
             other.receipt = first  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("failure", [KeyError("documents"), TypeError("'str' object is not subscriptable"),
+                                     ZeroDivisionError("division by zero"),
+                                     OverflowError("int too large to convert to float")])
+def test_a_check_failing_on_a_malformed_record_fails_its_receipt(tmp_path: Path, failure: Exception) -> None:
+    r = make_receipt("note", measurements={"documents": 0})
+
+    def check(ctx: KindCheckContext) -> list[str]:
+        raise failure
+
+    with Store.open(tmp_path / "ledger.db", create=True) as store:
+        ctx = KindCheckContext(store, r, {r.id: r}, ArtifactStore(tmp_path / "a"), True, 0, 0, None, Memo())
+        with pytest.raises(RecordInvalid) as info:
+            guarded(check)(ctx)
+    assert info.value.receipt == r.id and type(failure).__name__ in info.value.one_line()
