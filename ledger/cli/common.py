@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import typer
 from typer.core import TyperGroup
 
-from ledger.errors import EXIT_DATABASE, EXIT_USAGE, LedgerError, os_error_line, printable
+from ledger.errors import EXIT_DATABASE, EXIT_FAILED, EXIT_USAGE, LedgerError, os_error_line, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -84,11 +84,32 @@ class ErrorMappingGroup(TyperGroup):
             typer.echo("ledger: error: input nested too deeply to read", err=True)
             raise typer.Exit(EXIT_USAGE) from None
         except Exception as exc:
+            if os.environ.get(ENV_DEBUG):
+                raise
             sa = sys.modules.get("sqlalchemy.exc")  # not imported: nothing raised can be SQLAlchemy's
-            if sa is not None and isinstance(exc, sa.SQLAlchemyError) and not os.environ.get(ENV_DEBUG):
+            if sa is not None and isinstance(exc, sa.SQLAlchemyError):
                 typer.echo(f"ledger: error: database: {_first_line(exc)}", err=True)
                 raise typer.Exit(EXIT_DATABASE) from None
+            if _out_of_memory(exc):  # what was recorded before stays: each append is its own transaction
+                said = _first_line(exc)
+                said = said[said.find(_CANT) + len(_CANT):].lstrip(": ") if _CANT in said else said
+                typer.echo(f"ledger: error: out of memory{': ' + said if said else ''}", err=True)
+                raise typer.Exit(EXIT_FAILED) from None
             raise
+
+
+_CANT: Final = "can't allocate memory"  # torch's CPU allocator, after its "[enforce fail at ...]" prefix
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Python's MemoryError, or torch's: its CPU allocator raises a RuntimeError saying "can't allocate memory"
+    (torch.OutOfMemoryError is the accelerators')."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")  # not imported: nothing raised can be torch's
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    return (oom is not None and isinstance(exc, oom)) or (
+        torch is not None and isinstance(exc, RuntimeError) and _CANT in str(exc))
 
 
 def _first_line(exc: BaseException) -> str:

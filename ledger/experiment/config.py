@@ -296,8 +296,25 @@ def _join(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
 
+# Bounds no sensible run comes near: past them a config describes tensors this code cannot allocate (beyond 2**63
+# elements, or terabytes) or documents it cannot hold, which would otherwise end in an allocator's traceback or in
+# a prepare step that never finishes.
+MAX_TINY_PARAMETERS: Final = 2**32  # the tiny kind is for CPU-sized models; a large one is kind = "hf"
+TINY_VOCAB_BOUND: Final = 1024  # the character tokenizer's vocabulary stays below this (for the estimate)
+MAX_LEN: Final = 2**20  # tokens of a sequence
+MAX_PER_VARIANT: Final = 2**20  # documents of each (family, variant), and retention probes
+MAX_BATCH: Final = 2**16  # documents or windows of one step or one evaluation batch
+
+
+def tiny_parameters(m: ModelConfig, vocab: int = TINY_VOCAB_BOUND) -> int:
+    """The parameters of runners/model.py's TinyLM of ``m`` with a vocabulary of ``vocab`` tokens."""
+    d, f = m.d_model, m.d_ff
+    block = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # qkv + proj, fc + out, two layer norms
+    return vocab * d * (1 if m.tie_embeddings else 2) + m.max_len * d + m.n_layers * block + 2 * d
+
+
 def validate(config: ExperimentConfig) -> ExperimentConfig:
-    """Reject settings that are well-typed but meaningless; returns ``config``."""
+    """Reject settings that are well-typed but meaningless or beyond the bounds above; returns ``config``."""
     m, p, t = config.model, config.pretrain, config.train
     windows = t.pretrain_mix * t.global_batch
     train_documents = 16 * config.data.train_per_variant  # 4 families x 4 variants
@@ -336,6 +353,16 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
         (config.contract.primary_arm in ARMS and config.contract.baseline_arm in ARMS,
          f"contract.primary_arm and contract.baseline_arm must be among {', '.join(ARMS)}"),
         (config.eval.max_new_tokens > 0 and config.eval.batch_size > 0, "eval settings must be positive"),
+        (m.max_len <= MAX_LEN, f"model.max_len ({m.max_len}) must be at most {MAX_LEN:,}"),
+        (m.kind != "tiny" or tiny_parameters(m) <= MAX_TINY_PARAMETERS,
+         f"model.d_model, n_layers, d_ff and max_len describe {tiny_parameters(m):,} parameters, more than the "
+         f"{MAX_TINY_PARAMETERS:,} a tiny model may have (a large model is kind = 'hf')"),
+        (max(config.data.train_per_variant, config.data.eval_per_variant,
+             config.data.retention_probes) <= MAX_PER_VARIANT,
+         f"data.train_per_variant, eval_per_variant and retention_probes must be at most {MAX_PER_VARIANT:,}"),
+        (max(p.batch_size, t.global_batch, config.eval.batch_size) <= MAX_BATCH,
+         f"pretrain.batch_size, train.global_batch and eval.batch_size must be at most {MAX_BATCH:,}"),
+        (config.eval.max_new_tokens <= MAX_LEN, f"eval.max_new_tokens must be at most {MAX_LEN:,}"),
     ]
     checks += _launch_checks(config.launch, t.world)
     for ok, message in checks:

@@ -15,12 +15,14 @@ from ledger.experiment.config import (
     ARMS,
     CONFIG_FORMAT,
     MAX_CONFIG_BYTES,
+    TINY_VOCAB_BOUND,
     Arm,
     ExperimentConfig,
     config_from_bytes,
     config_from_dict,
     config_from_json,
     load_config,
+    tiny_parameters,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -73,6 +75,17 @@ def test_loading_is_strict_and_names_the_dotted_key(values: dict[str, Any], mess
     ({"contract": {"primary_arm": "diloco"}}, "contract.primary_arm and contract.baseline_arm must be among single, "
                                               "ddp-four, diloco-four"),
     ({"eval": {"batch_size": 0}}, "eval settings must be positive"),
+    # beyond what can be allocated or held: refused here, not in an allocator's traceback or a prepare without end
+    ({"model": {"max_len": 2**20 + 1}, "pretrain": {"seq_len": 64}}, "model.max_len (1048577) must be at most "
+                                                                     "1,048,576"),
+    ({"model": {"d_model": 4 * 10**17}}, "model.d_model, n_layers, d_ff and max_len describe "
+     "1,280,000,000,000,001,288,000,000,000,000,000,512 parameters, more than the 4,294,967,296 a tiny model may "
+     "have (a large model is kind = 'hf')"),
+    ({"data": {"train_per_variant": 10**11}},
+     "data.train_per_variant, eval_per_variant and retention_probes must be at most 1,048,576"),
+    ({"eval": {"batch_size": 10**8}}, "pretrain.batch_size, train.global_batch and eval.batch_size must be at most "
+                                      "65,536"),
+    ({"eval": {"max_new_tokens": 2**21}}, "eval.max_new_tokens must be at most 1,048,576"),
 ])
 def test_meaningless_values_are_rejected_by_name(values: dict[str, Any], message: str) -> None:
     with pytest.raises(InputError) as info:
@@ -187,3 +200,16 @@ def test_a_config_artifact_with_an_integer_for_a_float_is_refused() -> None:
         assert "round-trip" in str(exc)
     else:
         raise AssertionError("an integer lr was accepted")
+
+
+@pytest.mark.parametrize("model", [{}, {"tie_embeddings": True}, {"d_model": 128, "n_layers": 3, "d_ff": 96,
+                                                                 "max_len": 200}])
+def test_the_parameter_bound_counts_what_the_model_holds(model: dict[str, Any]) -> None:
+    import torch  # the runners' model, counted for real (the config itself is torch-free)
+
+    from runners.model import TinyLM
+
+    cfg = config_from_dict({"model": model}).model
+    with torch.device("meta"):  # shapes only: nothing allocated
+        lm = TinyLM(cfg, TINY_VOCAB_BOUND)
+    assert tiny_parameters(cfg) == sum(p.numel() for p in lm.parameters())
