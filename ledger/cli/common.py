@@ -99,17 +99,20 @@ class ErrorMappingGroup(TyperGroup):
 
 
 _CANT: Final = "can't allocate memory"  # torch's CPU allocator, after its "[enforce fail at ...]" prefix
+_OVERFLOWED: Final = "Storage size calculation overflowed"  # torch: a tensor of more than 2**63 bytes
 
 
 def _out_of_memory(exc: BaseException) -> bool:
-    """Python's MemoryError, or torch's: its CPU allocator raises a RuntimeError saying "can't allocate memory"
-    (torch.OutOfMemoryError is the accelerators')."""
+    """Python's MemoryError, or torch's: its CPU allocator raises a RuntimeError saying "can't allocate memory", a
+    tensor too large to size one saying its size overflowed (torch.OutOfMemoryError is the accelerators')."""
     if isinstance(exc, MemoryError):
         return True
     torch = sys.modules.get("torch")  # not imported: nothing raised can be torch's
-    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if torch is None:
+        return False
+    oom = getattr(torch, "OutOfMemoryError", None)
     return (oom is not None and isinstance(exc, oom)) or (
-        torch is not None and isinstance(exc, RuntimeError) and _CANT in str(exc))
+        isinstance(exc, RuntimeError) and (_CANT in str(exc) or str(exc).startswith(_OVERFLOWED)))
 
 
 def _first_line(exc: BaseException) -> str:

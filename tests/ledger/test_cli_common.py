@@ -22,6 +22,12 @@ def _app() -> typer.Typer:
         torch.empty(FAR_TOO_MUCH, dtype=torch.uint8)
 
     @app.command()
+    def shape() -> None:
+        import torch
+
+        torch.empty((2**40, 2**40))  # 2**80 elements: torch cannot even size it
+
+    @app.command()
     def buffer() -> None:
         bytearray(FAR_TOO_MUCH)
 
@@ -35,6 +41,10 @@ def test_running_out_of_memory_is_one_line_and_a_failed_run() -> None:
     (line,) = torch_said.stderr.splitlines()  # torch's words after its "[enforce fail at ...]" prefix
     assert line.startswith("ledger: error: out of memory: ") and f"allocate {FAR_TOO_MUCH} bytes" in line, line
     assert "enforce fail" not in line
+    shape_said = CliRunner().invoke(app, ["shape"])
+    assert shape_said.exit_code == EXIT_FAILED and shape_said.stderr == (
+        "ledger: error: out of memory: Storage size calculation overflowed with sizes=[1099511627776, "
+        "1099511627776]\n"), shape_said.output
     python_said = CliRunner().invoke(app, ["buffer"])
     assert python_said.exit_code == EXIT_FAILED and python_said.stderr == "ledger: error: out of memory\n"
 
