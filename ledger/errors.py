@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Final
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_LOOKUP = 3
 EXIT_DATABASE = 4
+
+# What reading a parsed JSON record of the wrong shape raises (a string where a mapping goes, a missing key, text
+# formatted as a number, a count of zero divided by, an integer too large for a float): JSON values give nothing
+# else. A reader of records catches these to name the record instead of crashing (verify/context.py: guarded).
+SHAPE_ERRORS: Final = (TypeError, KeyError, AttributeError, ValueError, ArithmeticError, IndexError)
 
 
 # What a terminal acts on rather than shows: C0 and C1 controls (escape sequences, carriage return, backspace), the

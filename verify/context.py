@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from ledger.artifacts import ArtifactStore
-from ledger.errors import InputError, RecordInvalid, VerificationError
+from ledger.errors import SHAPE_ERRORS, InputError, RecordInvalid, VerificationError
 from ledger.receipts import Receipt
 from ledger.store import Store
 
@@ -86,7 +86,7 @@ def guarded(check: KindCheck) -> KindCheck:
             return check(ctx)
         except VerificationError:
             raise
-        except (InputError, KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError) as exc:
+        except (InputError, *SHAPE_ERRORS) as exc:
             detail = exc.one_line() if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
             raise RecordInvalid.at(f"receipt {ctx.receipt.id}: malformed {ctx.receipt.kind} record: {detail}",
                                    receipt=ctx.receipt.id, field="measurements",

@@ -23,7 +23,7 @@ from ledger.cli.common import (
     plain_table,
     print_wide,
 )
-from ledger.errors import InputError
+from ledger.errors import SHAPE_ERRORS, InputError
 
 
 def register(app: typer.Typer) -> None:
@@ -85,6 +85,7 @@ def append(
 
 
 SHOWN_MAX = 4000  # characters of one measurement in show's table; --json and --raw print everything
+MAX_LINE = 256 << 20  # bytes of one receipt line: a line that never ends (/dev/zero on stdin) is refused here
 
 
 def _clipped(text: str) -> str:
@@ -93,7 +94,6 @@ def _clipped(text: str) -> str:
     if len(text) <= SHOWN_MAX:
         return text
     return f"{text[:SHOWN_MAX]}... ({len(text):,} characters in all: --json or --raw prints them)"
-MAX_LINE = 256 << 20  # bytes of one receipt line: a line that never ends (/dev/zero on stdin) is refused here
 
 
 def _lines(stream: BinaryIO, name: str) -> Iterator[tuple[int, bytes]]:
@@ -165,7 +165,7 @@ def show(
     # pipe (a copied or grepped id must be whole); a longer measurement still folds.
     print_wide(table, at_least=max(len(name) for name, _ in rows) + len(r.id) + 7)
     if r.kind in ("eval", "comparison", "quality"):  # breakdowns, comparisons and conditions as tables
-        from ledger.cli.render import SHAPE_ERRORS, render_receipt
+        from ledger.cli.render import render_receipt
 
         try:
             render_receipt(out, r)

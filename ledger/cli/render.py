@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -77,15 +77,10 @@ def conditions_table(conditions: Mapping[str, Mapping[str, Any]]) -> Table:
     return table
 
 
-# What building a table from measurements of the wrong shape raises (a string where a mapping goes, a missing key,
-# text formatted as a number, an integer too large for a float): JSON values give nothing else.
-SHAPE_ERRORS: Final = (TypeError, KeyError, AttributeError, ValueError, ArithmeticError, IndexError)
-
-
 def receipt_tables(r: Receipt) -> list[str | Table]:
     """The lines and tables of an eval, paired comparison or quality receipt's measurements, built before any is
     printed: measurements of another shape (a receipt written behind the library's back, or appended without the
-    fields its kind's tables read) raise one of SHAPE_ERRORS here, with nothing printed yet."""
+    fields its kind's tables read) raise one of ledger.errors.SHAPE_ERRORS here, with nothing printed yet."""
     m = r.measurements
     parts: list[str | Table] = []
     if r.kind == "eval" and "breakdowns" in m:
@@ -120,7 +115,8 @@ def receipt_tables(r: Receipt) -> list[str | Table]:
 
 def render_receipt(console: Console, r: Receipt) -> None:
     """Render an eval, paired comparison or quality receipt's measurements as tables (for `ledger show`); raises
-    one of SHAPE_ERRORS, having printed nothing, for measurements of another shape (:func:`receipt_tables`)."""
+    one of ledger.errors.SHAPE_ERRORS, having printed nothing, for measurements of another shape
+    (:func:`receipt_tables`)."""
     for part in receipt_tables(r):
         if isinstance(part, str):
             console.print(part)

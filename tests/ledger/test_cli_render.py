@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from ledger import digests
 from ledger.cli import app
-from ledger.cli.render import SHAPE_ERRORS, receipt_tables
+from ledger.cli.render import receipt_tables
+from ledger.errors import SHAPE_ERRORS
 from ledger.receipts import make_receipt
 from ledger.store import Store
 from tests.conftest import schema_fill
