@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,13 @@ from tests.pg import backend, db_url, ledger_url, make_db_url, postgres_cluster,
 # Property tests keep no example database: throw-away files belong under temporary directories, not the repo.
 settings.register_profile("ledger", database=None)
 settings.load_profile("ledger")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped by SIGTERM (a CI job's time limit, `kill`) tears down as after Ctrl-C: the fixtures' finalizers
+    # stop the throw-away PostgreSQL clusters (tests/pg.py), which run as another user, outside the killed process
+    # group, and were left running.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 LEDGER_ENV = ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG", "LEDGER_KEYS", "LEDGER_SIGNING_KEY", "LEDGER_WITNESS")
