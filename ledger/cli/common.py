@@ -90,10 +90,9 @@ class ErrorMappingGroup(TyperGroup):
             if sa is not None and isinstance(exc, sa.SQLAlchemyError):
                 typer.echo(f"ledger: error: database: {_first_line(exc)}", err=True)
                 raise typer.Exit(EXIT_DATABASE) from None
-            if _out_of_memory(exc):  # what was recorded before stays: each append is its own transaction
-                said = _first_line(exc)
-                said = said[said.find(_CANT) + len(_CANT):].lstrip(": ") if _CANT in said else said
-                typer.echo(f"ledger: error: out of memory{': ' + said if said else ''}", err=True)
+            line = _out_of_memory_line(exc)
+            if line is not None:  # what was recorded before stays: each append is its own transaction
+                typer.echo(f"ledger: error: {line}", err=True)
                 raise typer.Exit(EXIT_FAILED) from None
             raise
 
@@ -102,17 +101,19 @@ _CANT: Final = "can't allocate memory"  # torch's CPU allocator, after its "[enf
 _OVERFLOWED: Final = "Storage size calculation overflowed"  # torch: a tensor of more than 2**63 bytes
 
 
-def _out_of_memory(exc: BaseException) -> bool:
-    """Python's MemoryError, or torch's: its CPU allocator raises a RuntimeError saying "can't allocate memory", a
-    tensor too large to size one saying its size overflowed (torch.OutOfMemoryError is the accelerators')."""
-    if isinstance(exc, MemoryError):
-        return True
+def _out_of_memory_line(exc: BaseException) -> str | None:
+    """"out of memory" and what was said, for Python's MemoryError or torch's: its CPU allocator raises a
+    RuntimeError saying "can't allocate memory" (kept: what follows), a tensor too large to size one saying its size
+    overflowed (torch.OutOfMemoryError is the accelerators'); None for any other error."""
+    said = _first_line(exc)
     torch = sys.modules.get("torch")  # not imported: nothing raised can be torch's
-    if torch is None:
-        return False
-    oom = getattr(torch, "OutOfMemoryError", None)
-    return (oom is not None and isinstance(exc, oom)) or (
-        isinstance(exc, RuntimeError) and (_CANT in str(exc) or str(exc).startswith(_OVERFLOWED)))
+    torch_oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    allocator = torch is not None and isinstance(exc, RuntimeError) and (_CANT in said or said.startswith(_OVERFLOWED))
+    if not (isinstance(exc, MemoryError) or (torch_oom is not None and isinstance(exc, torch_oom)) or allocator):
+        return None
+    if _CANT in said:
+        said = said[said.find(_CANT) + len(_CANT):].lstrip(": ")
+    return f"out of memory: {said}" if said else "out of memory"
 
 
 def _first_line(exc: BaseException) -> str:
