@@ -33,6 +33,7 @@ from ledger.experiment.config import ARMS, ExperimentConfig, config_from_bytes, 
 from ledger.experiment.tokenizer import Tokenizer, tokenizer_from_bytes
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
+from runners import numerics
 from runners.model import CausalLM, HFCausalLM, TinyLM, build_model, greedy_generate, sequence_nll
 from runners.prepare import pinned_threads
 from verify import evaluation as ev
@@ -177,6 +178,7 @@ def settings(config: ExperimentConfig, threads: int) -> dict[str, Any]:
         "max_new_tokens": config.eval.max_new_tokens,
         "batch_size": config.eval.batch_size,
         "threads": threads,
+        "cpu": numerics.describe(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

@@ -48,6 +48,7 @@ from ledger.experiment.config import ARMS, ExperimentConfig, PretrainConfig, con
 from ledger.experiment.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, tokenizer_from_json
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
+from runners import numerics
 from runners.model import initial_model, param_count
 
 CORPUS_SOURCE: Final = corpus.PYDOC_SOURCE
@@ -331,7 +332,7 @@ def prepare(config: ExperimentConfig, workdir: Path, store: Store) -> PrepareRes
                          "threads": threads,
                          "first_loss": first_loss, "final_loss": final_loss,
                          "losses": _loss_curve(result.losses)},
-            "software": {"torch": torch.__version__, "python": sys.version.split()[0]},
+            "software": {"torch": torch.__version__, "python": sys.version.split()[0], "cpu": numerics.describe()},
         },
     )
     selection_artifacts = {"eval_selection": selection_docs_digest, "retention_probes": probes_digest}

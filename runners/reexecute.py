@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from runners import numerics
 from runners.evaluate import load_model
 from runners.model import CausalLM, greedy_generate, sequence_nll
 from runners.prepare import pinned_threads
@@ -21,6 +22,7 @@ from runners.prepare import pinned_threads
 class _Loaded:
     def __init__(self, model: CausalLM) -> None:
         self._model = model
+        self.cpu = numerics.describe()
 
     def generate(self, prompts: Sequence[Sequence[int]], *, eos_id: int, max_new_tokens: int,
                  batch_size: int) -> list[list[int]]:

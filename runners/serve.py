@@ -70,6 +70,7 @@ from ledger import serving_digests as sd
 from ledger.errors import DigestMismatch, InputError, LedgerError, NonCanonical
 from ledger.experiment.config import ExperimentConfig, config_from_bytes, load_config
 from ledger.experiment.tokenizer import SPECIALS, CharTokenizer
+from runners import numerics
 
 if TYPE_CHECKING:
     import torch
@@ -440,7 +441,10 @@ def create_app(model: CausalLM, tokenizer: CharTokenizer, *, model_name: str, mo
     digests.check_digest(model_digest, "model digest")
     if getattr(model, "training", False):
         raise InputError("serve a model in eval mode (dropout would make answers random)")
+    import torch
+
     metrics = ReplicaMetrics()
+    software = {"cpu": numerics.describe(), "torch": torch.__version__}  # the replica receipt's binding records them
     replica = _Replica(model, tokenizer, model_name, model_digest, checkpoint_receipt, max_prompt_chars,
                        max_tokens_limit, threads, max_queue, dict(health_extra or {}), metrics,
                        ThreadPoolExecutor(max_workers=1, thread_name_prefix="replica-generate",
@@ -497,6 +501,7 @@ def create_app(model: CausalLM, tokenizer: CharTokenizer, *, model_name: str, mo
             "checkpoint_receipt": checkpoint_receipt,
             "pid": os.getpid(),
             "threads": threads,
+            **software,
             "in_flight": metrics.in_flight,
             "max_prompt_chars": max_prompt_chars,
             "max_tokens_limit": max_tokens_limit,

@@ -123,7 +123,8 @@ def record_serving(store: Store, arts: ArtifactStore, served: dict[str, Any], *,
             measurements={"format": SERVE_REPLICA_FORMAT, "endpoint": health["endpoint"],
                           "model_digest": health["model_digest"], "checkpoint_receipt": source.id,
                           "binding": {"host": host, "pid": health["pid"], "threads": health["threads"],
-                                      "torch": health.get("torch"), "python": platform.python_version()}}))
+                                      "cpu": health.get("cpu"), "torch": health.get("torch"),
+                                      "python": platform.python_version()}}))
     by_endpoint = {r.measurements["endpoint"]: r for r in replicas}
     request_set = put_json(arts, served["requests"])
     phases: dict[str, Receipt] = {}

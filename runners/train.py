@@ -44,6 +44,7 @@ from ledger.experiment.tasks import Document
 from ledger.experiment.tokenizer import Tokenizer
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
+from runners import numerics
 from runners.arms import Strategy, strategy_for
 from runners.checkpoint import load_checkpoint, save_checkpoint
 from runners.distributed import (
@@ -238,6 +239,7 @@ def _binding(env: RankEnv, arm: str, run: str, device: torch.device, threads: in
         "device": str(device),
         "backend": "nccl" if device.type == "cuda" else ("gloo" if env.world > 1 else "none"),
         "threads": threads,
+        "cpu": numerics.describe(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

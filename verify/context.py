@@ -18,6 +18,8 @@ from ledger.store import Store
 class LoadedModel(Protocol):
     """A model loaded from a verified checkpoint, run exactly as the recorded evaluation ran it."""
 
+    cpu: str  # the CPU code paths computing its floats, as an eval's ``settings.cpu`` records them
+
     def generate(self, prompts: Sequence[Sequence[int]], *, eos_id: int, max_new_tokens: int,
                  batch_size: int) -> list[list[int]]: ...
 

@@ -44,7 +44,7 @@ from ledger.experiment.formats import COMPARISON_METHOD, EVAL_FORMAT, QUALITY_FO
 from ledger.receipts import Receipt
 from ledger.store import Store
 from verify import statistics as st
-from verify.context import KindCheckContext, Memo, ModelRunner
+from verify.context import KindCheckContext, LoadedModel, Memo, ModelRunner
 
 OUTCOME_KEYS: Final = frozenset({"document", "family", "variant", "prompt", "output", "output_text", "tokens",
                                  "stopped", "correct"})
@@ -704,7 +704,8 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *, run
                     raise ReexecutionMismatch.at(
                         f"receipt {r.id}: re-scoring document {doc['document']} ({doc['family']}/{doc['variant']}) "
                         f"from checkpoint {checkpoint.name} gives {key} {again[key]!r}, the stored outcome says "
-                        f"{rows[i].get(key)!r}", receipt=r.id, field=f"outcomes[{doc['document']}].{key}",
+                        f"{rows[i].get(key)!r}{_paths_differ(settings, model)}", receipt=r.id,
+                        field=f"outcomes[{doc['document']}].{key}",
                         expected=again[key], actual=rows[i].get(key))
         probe_ids = [tok.encode(p["text"]) for p in inputs.probes]
         probe_sample = set(sample_indices(len(probe_ids), n, seed + 1))
@@ -721,10 +722,18 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *, run
                     probe = inputs.probes[i]
                     raise ReexecutionMismatch.at(
                         f"receipt {r.id}: re-scoring retention probe {probe['document']} (row {i}) gives NLL "
-                        f"{value!r}, the stored value is {stored!r}", receipt=r.id,
+                        f"{value!r}, the stored value is {stored!r}{_paths_differ(settings, model)}", receipt=r.id,
                         field=f"retention[{probe['document']}].nll", expected=value, actual=stored)
     return RescoreReport(r.id, str(r.measurements.get("arm")), seed, [docs[i]["document"] for i in sampled], rescored,
                          probes, max_dev, time.perf_counter() - started, threads, len(docs))
+
+
+def _paths_differ(settings: Mapping[str, Any], model: LoadedModel) -> str:
+    """What a re-scoring mismatch owes to the CPU: other code paths give other float bits (runners/numerics.py)."""
+    recorded = settings.get("cpu")
+    if recorded is None or recorded == model.cpu:
+        return ""
+    return f" (the evaluation ran on CPU paths {recorded}, this re-scoring on {model.cpu}: their float bits differ)"
 
 
 __all__ = [

@@ -47,7 +47,7 @@ def compare_rank(store: Store, uninterrupted: Receipt, recovered: Receipt, resum
     first_loss = next((s for s in sorted(set(ua) | set(ub)) if ua.get(s) != ub.get(s)), None)
     binding_a = dict(uninterrupted.measurements.get("binding", {}))
     binding_b = dict(recovered.measurements.get("binding", {}))
-    identity = ("arm", "rank", "world", "host", "device", "backend", "threads", "torch")
+    identity = ("arm", "rank", "world", "host", "device", "backend", "threads", "cpu", "torch")
     binding_equal = all(binding_a.get(k) == binding_b.get(k) for k in identity)
     first = cmp.first_difference
     return {

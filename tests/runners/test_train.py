@@ -28,6 +28,7 @@ from ledger.errors import ChainBroken, RunFailed
 from ledger.experiment.config import ARMS, ExperimentConfig, config_from_dict
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
+from runners import numerics
 from runners.arms import strategy_for
 from runners.distributed import Comm, free_port
 from runners.model import build_model
@@ -157,6 +158,8 @@ def test_train_start_binds_the_rank_identity(experiment: Experiment) -> None:
                 b = r.measurements["binding"]
                 assert (b["run"], b["arm"], b["rank"], b["world"], b["threads"]) == (run, arm, rank, ARMS[arm].world, 1)
                 assert b["backend"] == ("gloo" if ARMS[arm].world > 1 else "none") and b["device"] == "cpu"
+                # The CPU code paths the rank pinned before torch computed (runners/numerics.py).
+                assert (b["cpu"] == "AVX2 mkl=AVX2") if numerics.can_pin() else b["cpu"].endswith(" mkl=AUTO")
                 assert r.prepared == experiment.prepared
 
 

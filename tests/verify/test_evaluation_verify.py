@@ -174,8 +174,27 @@ def test_rescoring_catches_a_forged_but_consistent_eval(exp: Experiment) -> None
     with Store.open(exp.db) as store, pytest.raises(VerificationError) as info:
         ev.rescore(store, forged, n, seed=0, runner=TorchModelRunner(), artifacts=exp.artifacts)
     assert doc["document"] in str(info.value) and str(info.value.field).startswith(f"outcomes[{doc['document']}]")
+    assert "CPU paths" not in str(info.value)  # recorded and re-run on the same paths: nothing to explain
     result = cli(exp, forged.id, "--rescore", str(n))
     assert result.exit_code == 1 and doc["document"] in result.stderr
+
+
+def test_a_rescoring_mismatch_names_cpu_paths_other_than_the_recorded_ones(exp: Experiment) -> None:
+    real = exp.evals["seed"]
+    rows, doc = flip_to_right(exp, rows_of(exp, real))
+    settings = {**real.measurements["settings"], "cpu": "AVX512 mkl=AUTO"}
+    forged = make_receipt(
+        "eval", run=real.run, step=real.step, prepared=real.prepared, selection=real.selection, parents=real.parents,
+        artifacts={**real.artifacts, "outcomes": exp.artifacts.put_bytes(jsonl_bytes(rows)),
+                   "retention": exp.artifacts.put_bytes(jsonl_bytes(rows_of(exp, real, "retention")))},
+        measurements=ev.eval_measurements("seed", rows, rows_of(exp, real, "retention"), settings))
+    with Store.open(exp.db) as store:
+        store.append(forged)
+        with pytest.raises(VerificationError) as info:
+            ev.rescore(store, forged, len(rows), seed=0, runner=TorchModelRunner(), artifacts=exp.artifacts)
+    here = real.measurements["settings"]["cpu"]
+    assert doc["document"] in str(info.value)
+    assert f"the evaluation ran on CPU paths AVX512 mkl=AUTO, this re-scoring on {here}" in str(info.value)
 
 
 def test_rescoring_catches_a_forged_retention_loss(exp: Experiment) -> None:

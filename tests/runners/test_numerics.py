@@ -1,0 +1,100 @@
+"""runners/numerics.py: the CPU code paths every runner process pins before torch computes, and what it records."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runners import numerics
+from tests.pg import in_ci
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Thirty steps of a tiny network with random data, the parameters' bytes hashed: the kinds of operation training
+# uses (random fills, matrix products, reductions, softmax, AdamW), in a fresh process that imports the runners
+# (which pins) before torch computes, as every runner process does.
+_TRAIN = """
+import hashlib
+import runners.numerics as numerics
+import torch
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+w = torch.randn(97, 61, generator=g).requires_grad_()
+opt = torch.optim.AdamW([w], lr=1e-2)
+for _ in range(30):
+    x = torch.randn(33, 97, generator=g)
+    loss = torch.softmax(x @ w, -1).pow(2).mean() + w.sum() * 1e-3
+    opt.zero_grad(); loss.backward(); opt.step()
+print(numerics.describe(), hashlib.sha256(w.detach().numpy().tobytes()).hexdigest())
+"""
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINNED}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _run(code: str, **extra: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], env=_clean_env(**extra), capture_output=True,
+                         text=True, timeout=120, check=True)
+    return out.stdout.strip()
+
+
+def _require_pinnable() -> None:
+    if not numerics.can_pin():
+        if in_ci():
+            pytest.fail("CI=true but this CPU cannot run the pinned AVX2 paths (x86-64 with AVX2 and FMA)")
+        pytest.skip("this CPU cannot run the pinned AVX2 paths")
+
+
+def test_cpu_flags_read_from_a_cpuinfo_file(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 fma\n\n"
+                    "processor\t: 1\nflags\t\t: fpu\n")
+    assert numerics.cpu_flags(info) == frozenset({"fpu", "sse2", "avx2", "fma"})  # the first processor's
+    assert numerics.cpu_flags(tmp_path / "missing") == frozenset()
+    (tmp_path / "noflags").write_text("processor\t: 0\n")
+    assert numerics.cpu_flags(tmp_path / "noflags") == frozenset()
+
+
+@pytest.mark.parametrize(("machine", "flags", "expected"), [
+    ("x86_64", {"avx2", "fma", "sse2"}, True),
+    ("AMD64", {"avx2", "fma"}, True),
+    ("x86_64", {"avx2"}, False),  # ATen's AVX2 kernels use FMA too
+    ("x86_64", {"avx", "fma"}, False),
+    ("aarch64", {"avx2", "fma"}, False),
+    ("arm64", set(), False),
+])
+def test_can_pin_needs_x86_64_with_avx2_and_fma(machine: str, flags: set[str], expected: bool) -> None:
+    assert numerics.can_pin(machine, frozenset(flags)) is expected
+
+
+def test_pin_sets_what_is_unset_and_keeps_the_users_own() -> None:
+    env = {"MKL_CBWR": "AUTO", "OTHER": "x"}
+    numerics.pin(env, pinnable=True)
+    assert env == {"MKL_CBWR": "AUTO", "OTHER": "x", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    untouched = {"OTHER": "x"}
+    numerics.pin(untouched, pinnable=False)
+    assert untouched == {"OTHER": "x"}
+
+
+def test_importing_the_runners_pins_the_process_and_the_binding_says_so() -> None:
+    _require_pinnable()
+    assert _run("import runners, runners.numerics as n; print(n.describe())") == "AVX2 mkl=AVX2"
+    # A user's own choice is kept, and recorded as what ran.
+    assert _run("import runners, runners.numerics as n; print(n.describe())",
+                ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE") == "DEFAULT mkl=COMPATIBLE"
+
+
+def test_the_pinned_paths_decide_the_bits_and_are_reproducible() -> None:
+    _require_pinnable()
+    pinned = [_run(_TRAIN) for _ in range(2)]
+    scalar = _run(_TRAIN, ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE")
+    assert pinned[0] == pinned[1] and pinned[0].startswith("AVX2 mkl=AVX2 ")
+    assert scalar.startswith("DEFAULT mkl=COMPATIBLE ")
+    # The recorded paths are not decoration: the same computation on the other paths ends in other bits.
+    assert scalar.split()[-1] != pinned[0].split()[-1]
