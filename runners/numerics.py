@@ -14,7 +14,8 @@ paths (same bits, same speed: 1.06-1.09 s for those 30 steps pinned, 1.03-1.39 s
 A variable already in the environment is kept (a user who wants other paths sets them, e.g.
 ``ATEN_CPU_CAPABILITY=avx512 MKL_CBWR=AUTO``), and a CPU without AVX2 and FMA, or
 not x86-64, is left to its native paths: :func:`describe` records what actually ran in every rank's binding, the
-prepare receipt and the evaluation settings, so two runs whose bits differ for this reason say so.
+prepare receipt, the evaluation settings and each serving replica's binding, so two runs whose bits differ for this
+reason say so.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def can_pin(machine: str | None = None, flags: frozenset[str] | None = None) -> 
 
 def pin(environ: MutableMapping[str, str] = os.environ, *, pinnable: bool | None = None) -> None:
     """Set the pinned variables in ``environ`` where it has none of its own and this CPU can run them."""
-    if pinnable if pinnable is not None else can_pin():
+    if can_pin() if pinnable is None else pinnable:
         for key, value in PINNED.items():
             environ.setdefault(key, value)
 
