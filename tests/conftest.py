@@ -29,6 +29,20 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # mypy takes half a minute of one core: started now, it runs beside the single-threaded tests (tests/test_static.py)
+    if any(item.nodeid.endswith("test_static.py::test_mypy_finds_no_error") for item in session.items):
+        from tests.test_static import start_mypy
+
+        start_mypy()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.test_static import stop_mypy
+
+    stop_mypy()
+
+
 LEDGER_ENV = ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG", "LEDGER_KEYS", "LEDGER_SIGNING_KEY", "LEDGER_WITNESS")
 
 
