@@ -2,7 +2,9 @@
 exactly where the uninterrupted run ends; and the ways a wrong resume, a foreign checkpoint or an edited file are
 caught and named.
 
-One prepared workdir and one ledger serve the whole module; each recovery attempt gets a run of its own.
+The module works on a copy of the session's tiny experiment (tests/conftest.py): its recovery of the DiLoCo arm,
+run by `ledger run experiment`, is the one checked end to end here, and its trained arms are the uninterrupted runs
+the other attempts compare against. Each recovery attempt gets a run of its own.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from ledger.state import SafetensorsFile
 from ledger.store import Store
 from runners.recover import plan_recovery
 from runners.train import train_arm
-from tests.conftest import clear_ledger_env
+from tests.conftest import TinyExperiment, clear_ledger_env
 from verify.recovery import trajectory
 from verify.state import compare_states, resolve_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-# A 4-rank DiLoCo arm of 8 steps (checkpoints at 4 and 8, an outer step every 2): about 15 s a group on 2 cores.
+# examples/tiny.toml: 4-rank arms of 8 steps (checkpoints at 4 and 8, DiLoCo's outer step every 2), about 10 s a
+# group on 2 cores.
 TINY = (Path(__file__).resolve().parents[2] / "examples" / "tiny.toml").read_text()
 WORLD = 4
 RESUME = 4  # the common checkpoint: the last step every rank completed before the kill
@@ -59,13 +62,12 @@ class Experiment:
 
 @dataclass(frozen=True)
 class Recovery:
-    """What `ledger run recover --json` printed, and the receipts it appended."""
+    """What `ledger run recover --json` prints (the summary's measurements and every rank's), and the receipts."""
 
     output: dict[str, Any]
     summary: Receipt
     fault: Receipt
     ranks: list[Receipt]  # the per-rank comparison receipts, by rank
-    result: Result
 
     @property
     def run(self) -> str:
@@ -77,42 +79,49 @@ class Recovery:
 
 
 @pytest.fixture(scope="module")
-def experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Experiment]:
+def experiment(tiny_experiment: TinyExperiment, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Experiment]:
     with pytest.MonkeyPatch.context() as mp:  # module-scoped: the per-test hermetic env fixture runs too late
         clear_ledger_env(mp)
-        workdir = tmp_path_factory.mktemp("recover")
-        config = workdir / "tiny.toml"
-        config.write_text(TINY)
-        result = cli("run", "prepare", "--workdir", workdir, "--db", workdir / "ledger.db", "--config", config)
-        assert result.exit_code == 0, result.output
-        yield Experiment(workdir, workdir / "ledger.db")
+        copy = tiny_experiment.copy(tmp_path_factory.mktemp("recover") / "experiment")
+        yield Experiment(copy.workdir, copy.db)
 
 
-def recover(exp: Experiment, *args: str) -> Recovery:
-    """`ledger run recover --json ...` and the receipts it names (whatever its exit code)."""
-    result = cli("run", "recover", "--workdir", exp.workdir, "--db", exp.db, "--json", *args)
-    assert result.stdout.strip(), result.output
-    output = json.loads(result.stdout)
+def recorded(exp: Experiment, summary_id: str) -> Recovery:
+    """The recovery whose summary receipt is ``summary_id``, with its fault and per-rank comparisons."""
     with Store.open(exp.db) as store:
-        summary = store.get(output["summary"]).receipt
+        summary = store.get(summary_id).receipt
         parents = [store.get(p).receipt for p in summary.parents]
     fault = next(p for p in parents if p.kind == "fault")
     ranks = sorted((p for p in parents if p.kind == "comparison"), key=lambda r: r.rank or 0)
-    return Recovery(output, summary, fault, ranks, result)
+    output = {"summary": summary.id, **summary.measurements, "rank_comparisons": [dict(r.measurements) for r in ranks]}
+    return Recovery(output, summary, fault, ranks)
+
+
+def recover(exp: Experiment, *args: str) -> tuple[Recovery, Result]:
+    """`ledger run recover --json ...`: the recovery it recorded, and the command's result (whatever its exit
+    code)."""
+    result = cli("run", "recover", "--workdir", exp.workdir, "--db", exp.db, "--json", *args)
+    assert result.stdout.strip(), result.output
+    output = json.loads(result.stdout)
+    rec = recorded(exp, output["summary"])
+    assert output == rec.output  # what was printed is what was recorded
+    return rec, result
 
 
 @pytest.fixture(scope="module")
 def diloco(experiment: Experiment) -> Recovery:
-    rec = recover(experiment, "--kill-rank", "1", "--kill-after-step", "5")
-    assert rec.result.exit_code == 0, rec.result.output
-    return rec
+    """The experiment's recovery of its primary arm: rank 1 killed after step 5, the restart from step 4."""
+    with Store.open(experiment.db) as store:
+        found = store.find(kind="comparison", run="recover/diloco-four")
+    summaries = [s.receipt for s in found if s.receipt.rank is None]
+    assert len(summaries) == 1
+    return recorded(experiment, summaries[0].id)
 
 
 def assert_every_rank_equal(rec: Recovery, *, outer: bool) -> None:
     rows = rec.output["rank_comparisons"]
     assert rec.output["all_rank_state_and_trajectory_comparisons_passed"] is True
     assert [r["rank"] for r in rows] == list(range(WORLD))
-    assert [dict(r.measurements) for r in rec.ranks] == rows  # what was printed is what was recorded
     for r in rows:
         assert r["contents_exactly_equal"] is True and r["file_hashes_equal"] is True
         assert r["trajectory_equal"] is True and r["binding_equal"] is True
@@ -225,10 +234,11 @@ def test_compare_runs_table_and_json(experiment: Experiment, diloco: Recovery) -
 
 
 def test_ddp_recovery_every_rank_equals_the_uninterrupted_run(experiment: Experiment) -> None:
-    rec = recover(experiment, "--arm", "ddp-four", "--kill-after-step", "5")
-    assert rec.result.exit_code == 0, rec.result.output
+    rec, result = recover(experiment, "--arm", "ddp-four", "--kill-after-step", "5")
+    assert result.exit_code == 0, result.output
     assert_every_rank_equal(rec, outer=False)
     assert rec.run == "recover/ddp-four" and rec.fault.measurements["detect_seconds"] < 60
+    assert rec.uninterrupted == "train/ddp-four"  # the experiment's complete arm run, reused
     result = cli("verify", rec.summary.id, "--db", experiment.db)
     assert result.exit_code == 0, result.output
     assert "recovery: 4 rank comparison(s) passed after restoring step 4" in result.stdout
@@ -285,9 +295,9 @@ FAULTS = {
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_wrong_resume_fails_and_names_the_divergence(experiment: Experiment, fault: str) -> None:
     named, components = FAULTS[fault]
-    rec = recover(experiment, "--kill-after-step", "4", "--resume-fault", fault)
-    assert rec.result.exit_code == 1, rec.result.output
-    line = one_error_line(rec.result)
+    rec, result = recover(experiment, "--kill-after-step", "4", "--resume-fault", fault)
+    assert result.exit_code == 1, result.output
+    line = one_error_line(result)
     head = "ledger: error: rank 0: recovered run diverges from the uninterrupted run: "
     assert line.startswith(tuple(head + n for n in named)), line
     assert rec.output["all_rank_state_and_trajectory_comparisons_passed"] is False
