@@ -5,9 +5,10 @@ reason, except with ``CI=true``, where they fail: CI must run them. Their names 
 and so on), so neither a developer's ``ledger hosts up`` nor a concurrent test run is ever touched; each set is
 alone on its own bridge, so subnets may repeat. They always tear down.
 
-The multi-process tests (marked slow) train the tiny experiment's 4-rank arms on loopback and across 4 hosts, one
-rank per host, and show that the receipts verify, the digests equal loopback's, each host's own interface counters
-carry the ring all-reduce of the exact collective bytes, and recovery survives a killed rank and a dead host.
+The multi-process tests (marked slow) train the tiny experiment's 4-rank arms across 4 hosts, one rank per host,
+and show that the receipts verify, the digests equal loopback's (the session's tiny experiment), each host's own
+interface counters carry the ring all-reduce of the exact collective bytes, and recovery survives a killed rank and a
+dead host.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ledger.errors import InputError
 from runners import hosts
 from runners.distributed import host_command
 from runners.hosts import HostSet, HostsUnavailable, Network
+from tests.conftest import TinyExperiment
 
 PID = os.getpid() % 10**6
 NET = Network(f"lt{PID}", "10.231.9.0/24")
@@ -303,7 +305,8 @@ def _ends(c: Cluster, run: str) -> dict[int, Any]:
         return {s.receipt.rank or 0: s.receipt for s in store.find(kind="train-end", run=run)}
 
 
-def train(c: Cluster, arm: str, run: str, on_hosts: bool) -> dict[int, Any]:
+def train(c: Cluster, arm: str, run: str) -> dict[int, Any]:
+    """Train ``arm`` as ``run`` across the cluster's hosts, one rank per host."""
     from ledger.errors import RunFailed
     from ledger.store import Store
     from runners.train import summarize_arm, train_arm
@@ -311,7 +314,7 @@ def train(c: Cluster, arm: str, run: str, on_hosts: bool) -> dict[int, Any]:
     t0 = time.perf_counter()
     try:
         train_arm(c.workdir, str(c.db), arm, run=run, prepared=c.prepared, timeout=60.0,
-                  hosts=c.hosts if on_hosts else None)
+                  hosts=c.hosts)
     except RunFailed as failed:
         pytest.fail(f"{failed}\n" + "\n".join(p.read_text()[-2000:] for p in sorted(Path(failed.logs).glob("*"))))
     with Store.open(c.db) as store:
@@ -351,7 +354,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def _on_hosts(c: Cluster, arm: str) -> dict[int, Any]:
     """The arm's ``train/<arm>`` run across the hosts (the recovery tests' uninterrupted run), trained once."""
-    return c.runs.get(f"train/{arm}") or train(c, arm, f"train/{arm}", on_hosts=True)
+    return c.runs.get(f"train/{arm}") or train(c, arm, f"train/{arm}")
 
 
 @pytest.mark.slow
@@ -376,11 +379,17 @@ def test_arm_across_hosts_one_rank_per_host_verifies(cluster: Cluster, arm: str)
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("arm", ARMS4)
-def test_arm_across_hosts_equals_loopback(cluster: Cluster, arm: str) -> None:
+def test_arm_across_hosts_equals_loopback(cluster: Cluster, arm: str, tiny_experiment: TinyExperiment) -> None:
     """Determinism does not depend on the network: every rank's state, model, optimizer, outer and RNG digests
-    and its exact sent bytes are loopback's."""
+    and its exact sent bytes are loopback's (the session's tiny experiment, `ledger run experiment` on the same
+    examples/tiny.toml, trained the arm on loopback: the same prepared digest, another ledger)."""
     across = _on_hosts(cluster, arm)
-    loop = train(cluster, arm, f"loopback/{arm}", on_hosts=False)
+    from ledger.store import Store
+
+    with Store.open(tiny_experiment.db) as store:
+        loop = {s.receipt.rank or 0: s.receipt for s in store.find(kind="train-end", run=f"train/{arm}")}
+        assert store.latest_prepared(None) == cluster.prepared
+    assert sorted(loop) == [0, 1, 2, 3]
     for rank in range(4):
         assert across[rank].artifacts == loop[rank].artifacts, rank
         assert across[rank].measurements["sent_bytes"] == loop[rank].measurements["sent_bytes"]
@@ -393,7 +402,7 @@ def test_env_launcher_gives_torchruns_digests(cluster: Cluster) -> None:
     hosts, the same bits."""
     across = _on_hosts(cluster, "ddp-four")
     direct = replace(cluster, hosts=replace(cluster.hosts, launcher="env"))
-    env = train(direct, "ddp-four", "env/ddp-four", on_hosts=True)
+    env = train(direct, "ddp-four", "env/ddp-four")
     for rank in range(4):
         assert env[rank].artifacts == across[rank].artifacts, rank
         assert env[rank].measurements["binding"]["host"] == f"{TRAIN_NET.prefix}-h{rank}"
