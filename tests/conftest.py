@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,17 +34,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # mypy takes half a minute of one core: started now, it runs beside the single-threaded tests (tests/test_static.py)
+    # mypy (half a minute of one core) and the session's tiny experiment (a minute) start now, in processes of their
+    # own, and run beside the single-threaded tests; their tests and fixture wait for them.
     if any(item.nodeid.endswith("test_static.py::test_mypy_finds_no_error") for item in session.items):
         from tests.test_static import start_mypy
 
         start_mypy()
+    if any("tiny_experiment" in getattr(item, "fixturenames", ()) for item in session.items):
+        TINY_RUN.start()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     from tests.test_static import stop_mypy
 
     stop_mypy()
+    TINY_RUN.stop()
 
 
 LEDGER_ENV = ("LEDGER_DB", "LEDGER_ARTIFACTS", "LEDGER_DEBUG", "LEDGER_KEYS", "LEDGER_SIGNING_KEY", "LEDGER_WITNESS")
@@ -201,19 +209,52 @@ class TinyExperiment:
         return TinyExperiment(dest, {**self.summary, "db": str(dest / "ledger.db")})
 
 
+class _TinyRun:
+    """`ledger run experiment --config examples/tiny.toml --json` in a process of its own, started once."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.root: Path | None = None
+
+    def start(self) -> None:
+        if self.proc is not None:
+            return
+        self.root = Path(tempfile.mkdtemp(prefix="ledger-tiny-experiment-"))
+        env = {k: v for k, v in os.environ.items() if k not in LEDGER_ENV}  # a developer's ledger stays out
+        with open(self.root / "stdout", "wb") as out, open(self.root / "stderr", "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ledger.cli", "run", "experiment", "--workdir", str(self.root / "work"),
+                 "--config", str(TINY_CONFIG), "--json"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=self.root, start_new_session=True)
+
+    def result(self, timeout: float = 900.0) -> TinyExperiment:
+        import json
+
+        self.start()
+        assert self.proc is not None and self.root is not None
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        stderr = (self.root / "stderr").read_text(errors="replace")
+        assert code == 0, f"ledger run experiment exited {code}:\n{stderr[-4000:]}"
+        return TinyExperiment(self.root / "work", json.loads((self.root / "stdout").read_text()))
+
+    def stop(self) -> None:
+        import shutil
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its ranks and replicas too: the group it leads
+            self.proc.wait()
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+TINY_RUN = _TinyRun()
+
+
 @pytest.fixture(scope="session")
-def tiny_experiment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyExperiment]:
+def tiny_experiment() -> TinyExperiment:
     """The session's tiny experiment; read it, or :meth:`TinyExperiment.copy` it before changing anything."""
-    import json
-
-    from typer.testing import CliRunner
-
-    from ledger.cli import app
-
-    with pytest.MonkeyPatch.context() as mp:  # session-scoped: the per-test hermetic env fixture runs too late
-        clear_ledger_env(mp)
-        work = tmp_path_factory.mktemp("tiny-experiment")
-        result = CliRunner().invoke(app, ["run", "experiment", "--workdir", str(work), "--config", str(TINY_CONFIG),
-                                          "--json"])
-        assert result.exit_code == 0, result.output
-        yield TinyExperiment(work, json.loads(result.stdout))
+    return TINY_RUN.result()
