@@ -19,8 +19,8 @@ from ledger.receipts import Receipt, make_receipt
 from ledger.state import SafetensorsFile
 from ledger.store import Store
 from runners.replay import REPLAY_FORMAT, replay
-from tests.conftest import clear_ledger_env
-from tests.runners.test_recover import TINY, one_error_line
+from tests.conftest import TinyExperiment, clear_ledger_env
+from tests.runners.test_recover import one_error_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -44,16 +44,12 @@ class Trained:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
+def trained(tiny_experiment: TinyExperiment, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
+    """A copy of the session's tiny experiment: its DiLoCo arm run is the recorded segment replayed here."""
     with pytest.MonkeyPatch.context() as mp:  # module-scoped: the per-test hermetic env fixture runs too late
         clear_ledger_env(mp)
-        workdir = tmp_path_factory.mktemp("replay")
-        db = workdir / "ledger.db"
-        (workdir / "tiny.toml").write_text(TINY)
-        result = cli("run", "prepare", "--workdir", workdir, "--db", db, "--config", workdir / "tiny.toml")
-        assert result.exit_code == 0, result.output
-        result = cli("run", "train", "--arm", "diloco-four", "--workdir", workdir, "--db", db)
-        assert result.exit_code == 0, result.output
+        copy = tiny_experiment.copy(tmp_path_factory.mktemp("replay") / "experiment")
+        workdir, db = copy.workdir, copy.db
         with Store.open(db) as store:
             def by_rank(kind: str, step: int | None = None) -> dict[int, Receipt]:
                 found = [s.receipt for s in store.find(kind=kind, run=RUN, step=step)]
@@ -99,13 +95,20 @@ def _flip_data_byte(path: Path, tensor: str) -> None:
 
 
 def test_replay_of_an_altered_recorded_output_fails_naming_it(trained: Trained) -> None:
-    """One byte of rank 3's recorded step-8 optimizer state is edited after its receipt was written."""
+    """One byte of rank 3's recorded step-8 optimizer state is edited after its receipt was written: in the copy
+    the experiment's recovery recorded (the same state, bit for bit), not the run's own, since every recorded copy
+    of a claimed state is checked, not the first one found."""
     recorded = trained.step8[3]
     with Store.open(trained.db) as store:
         located = [path_from_uri(u) for u in store.locations(recorded.artifacts["state"])]
     dirs = [p for p in located if p is not None and p.is_dir()]
-    assert len(dirs) == 1
-    target = dirs[0] / "optimizer.safetensors"
+    own = trained.workdir / "runs" / "train_diloco-four" / "rank3" / "step0000008"
+    others = [d for d in dirs if d.resolve() != own.resolve()]
+    assert own.resolve() in [d.resolve() for d in dirs] and len(others) == 1, dirs
+    target = others[0] / "optimizer.safetensors"
+    with Store.open(trained.db) as store:  # the receipt that recorded that copy: the recovered run's step 8
+        (copied,) = [s.receipt for s in store.find(kind="checkpoint", run="recover/diloco-four", rank=3, step=8)]
+    assert copied.artifacts["state"] == recorded.artifacts["state"]
     with SafetensorsFile(target) as sf:
         tensor = sorted(sf.tensors)[0]
     _flip_data_byte(target, tensor)
@@ -113,7 +116,7 @@ def test_replay_of_an_altered_recorded_output_fails_naming_it(trained: Trained) 
         result = cli("replay", trained.step4[0].id, "--workdir", trained.workdir, "--db", trained.db)
         assert result.exit_code == 1, result.output
         line = one_error_line(result)
-        assert f"receipt {recorded.id}" in line and f"component 'optimizer' tensor '{tensor}'" in line
+        assert f"receipt {copied.id}: checkpoint {others[0]}: component 'optimizer' tensor '{tensor}'" in line
         assert "does not match its manifest" in line
     finally:
         _flip_data_byte(target, tensor)
