@@ -298,10 +298,10 @@ class Cluster:
     runs: dict[str, dict[int, Any]] = field(default_factory=dict)  # run -> rank -> train-end receipt
 
 
-def _ends(c: Cluster, run: str) -> dict[int, Any]:
+def _ends(db: Path, run: str) -> dict[int, Any]:
     from ledger.store import Store
 
-    with Store.open(c.db) as store:
+    with Store.open(db) as store:
         return {s.receipt.rank or 0: s.receipt for s in store.find(kind="train-end", run=run)}
 
 
@@ -319,7 +319,7 @@ def train(c: Cluster, arm: str, run: str) -> dict[int, Any]:
         pytest.fail(f"{failed}\n" + "\n".join(p.read_text()[-2000:] for p in sorted(Path(failed.logs).glob("*"))))
     with Store.open(c.db) as store:
         summarize_arm(store, c.prepared, arm, run)
-    c.runs[run] = _ends(c, run)
+    c.runs[run] = _ends(c.db, run)
     print(f"{run}: {time.perf_counter() - t0:.1f} s")
     return c.runs[run]
 
@@ -387,8 +387,8 @@ def test_arm_across_hosts_equals_loopback(cluster: Cluster, arm: str, tiny_exper
     from ledger.store import Store
 
     with Store.open(tiny_experiment.db) as store:
-        loop = {s.receipt.rank or 0: s.receipt for s in store.find(kind="train-end", run=f"train/{arm}")}
         assert store.latest_prepared(None) == cluster.prepared
+    loop = _ends(tiny_experiment.db, f"train/{arm}")
     assert sorted(loop) == [0, 1, 2, 3]
     for rank in range(4):
         assert across[rank].artifacts == loop[rank].artifacts, rank
@@ -444,7 +444,7 @@ def _assert_recovered(cluster: Cluster, result: Any) -> None:
     assert m["uninterrupted_run"] == "train/diloco-four" and m["restore_step"] == 4
     for c in result.comparisons:
         assert c.measurements["contents_exactly_equal"] and c.measurements["binding_equal"], c.measurements
-    ends = _ends(cluster, m["recovered_run"])
+    ends = _ends(cluster.db, m["recovered_run"])
     assert [ends[r].measurements["binding"]["host"] for r in range(4)] == [f"{TRAIN_NET.prefix}-h{r}" for r in range(4)]
 
 
