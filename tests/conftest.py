@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ from ledger import digests
 from ledger.digests import prepared_digest, selection_digest
 from ledger.receipts import Receipt, make_receipt
 from ledger.store import Store
+from tests.background import Background
 from tests.pg import backend, db_url, ledger_url, make_db_url, postgres_cluster, postgres_template  # noqa: F401
 
 # Property tests keep no example database: throw-away files belong under temporary directories, not the repo.
@@ -47,17 +46,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # mypy (half a minute of one core) and the session's tiny experiment (a minute) start now, in processes of their
     # own, and run beside the single-threaded tests; their tests and fixture wait for them.
     if any(item.nodeid.endswith("test_static.py::test_mypy_finds_no_error") for item in session.items):
-        from tests.test_static import start_mypy
+        from tests.test_static import MYPY
 
-        start_mypy()
+        MYPY.start()
     if any("tiny_experiment" in getattr(item, "fixturenames", ()) for item in session.items):
         TINY_RUN.start()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from tests.test_static import stop_mypy
+    from tests.test_static import MYPY
 
-    stop_mypy()
+    MYPY.stop()
     TINY_RUN.stop()
 
 
@@ -219,52 +218,18 @@ class TinyExperiment:
         return TinyExperiment(dest, {**self.summary, "db": str(dest / "ledger.db")})
 
 
-class _TinyRun:
-    """`ledger run experiment --config examples/tiny.toml --json` in a process of its own, started once."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.root: Path | None = None
-
-    def start(self) -> None:
-        if self.proc is not None:
-            return
-        self.root = Path(tempfile.mkdtemp(prefix="ledger-tiny-experiment-"))
-        env = {k: v for k, v in os.environ.items() if k not in LEDGER_ENV}  # a developer's ledger stays out
-        with open(self.root / "stdout", "wb") as out, open(self.root / "stderr", "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ledger.cli", "run", "experiment", "--workdir", str(self.root / "work"),
-                 "--config", str(TINY_CONFIG), "--json"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=self.root, start_new_session=True)
-
-    def result(self, timeout: float = 900.0) -> TinyExperiment:
-        import json
-
-        self.start()
-        assert self.proc is not None and self.root is not None
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise
-        stderr = (self.root / "stderr").read_text(errors="replace")
-        assert code == 0, f"ledger run experiment exited {code}:\n{stderr[-4000:]}"
-        return TinyExperiment(self.root / "work", json.loads((self.root / "stdout").read_text()))
-
-    def stop(self) -> None:
-        import shutil
-
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # its ranks and replicas too: the group it leads
-            self.proc.wait()
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-
-TINY_RUN = _TinyRun()
+# The README's own main-job command at the tiny configuration; a developer's ledger settings stay out of it.
+TINY_RUN = Background("tiny-experiment",
+                      [sys.executable, "-m", "ledger.cli", "run", "experiment", "--workdir", "work",
+                       "--config", str(TINY_CONFIG), "--json"],
+                      env={k: v for k, v in os.environ.items() if k not in LEDGER_ENV})
 
 
 @pytest.fixture(scope="session")
 def tiny_experiment() -> TinyExperiment:
     """The session's tiny experiment; read it, or :meth:`TinyExperiment.copy` it before changing anything."""
-    return TINY_RUN.result()
+    import json
+
+    done = TINY_RUN.wait(timeout=900.0)
+    assert done.code == 0, f"ledger run experiment exited {done.code}:\n{done.stderr[-4000:]}"
+    return TinyExperiment(done.root / "work", json.loads(done.stdout))

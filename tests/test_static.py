@@ -10,43 +10,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from tests.background import Background
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPED = ("ledger", "verify", "runners", "migrations", "tests", "benchmarks")
 MYPY_TIMEOUT = 900.0
 
-_mypy: tuple[subprocess.Popen[bytes], tempfile._TemporaryFileWrapper[bytes]] | None = None
-
-
-def start_mypy() -> None:
-    """Start mypy in the background (once); :func:`mypy_result` waits for it."""
-    global _mypy
-    if _mypy is None:
-        out = tempfile.NamedTemporaryFile(prefix="mypy-", suffix=".log")  # closed (and removed) with the process
-        proc = subprocess.Popen([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *TYPED],
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        _mypy = (proc, out)
-
-
-def stop_mypy() -> None:
-    """End a background mypy the session no longer waits for (Ctrl-C, a failed collection)."""
-    if _mypy is not None and _mypy[0].poll() is None:
-        _mypy[0].kill()
-        _mypy[0].wait()
+MYPY = Background("mypy", [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *TYPED],
+                  cwd=ROOT)
 
 
 def mypy_result() -> tuple[int, str]:
-    start_mypy()
-    assert _mypy is not None
-    proc, out = _mypy
-    try:
-        code = proc.wait(timeout=MYPY_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        stop_mypy()
-        raise
-    return code, Path(out.name).read_text(errors="replace")
+    done = MYPY.wait(MYPY_TIMEOUT)
+    return done.code, done.stdout + done.stderr
 
 
 def run(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
