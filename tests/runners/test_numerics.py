@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,30 @@ def test_the_pinned_paths_decide_the_bits_and_are_reproducible() -> None:
     assert scalar.startswith("DEFAULT mkl=COMPATIBLE ")
     # The recorded paths are not decoration: the same computation on the other paths ends in other bits.
     assert scalar.split()[-1] != pinned[0].split()[-1]
+
+
+def _fingerprint(**env: str) -> dict[str, str]:
+    """``python -m runners.fingerprint`` in a fresh process (with ``env`` on top): name -> value."""
+    done = subprocess.run([sys.executable, "-m", "runners.fingerprint"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2], env={**os.environ, **env})
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return dict(re.split(r" {2,}", line, maxsplit=1) for line in done.stdout.splitlines())
+
+
+def test_the_fingerprint_is_the_same_in_two_processes_and_each_line_is_its_own() -> None:
+    first = _fingerprint()
+    assert _fingerprint() == first
+    computed = [v for k, v in first.items() if k not in ("cpu", "torch", "threads")]
+    assert len(computed) == 10 and all(v.startswith("blake3:") for v in computed)
+    assert len(set(computed)) == len(computed)
+    assert first["threads"] == "1"
+
+
+def test_the_fingerprint_names_the_paths_and_tells_them_apart() -> None:
+    _require_pinnable()
+    pinned = _fingerprint()
+    scalar = _fingerprint(ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE")
+    assert (pinned["cpu"], scalar["cpu"]) == ("AVX2 mkl=AVX2", "DEFAULT mkl=COMPATIBLE")
+    differ = {k for k in pinned if pinned[k] != scalar[k]} - {"cpu"}
+    # Scalar against AVX2 code: the vectorised maths and MKL's products round otherwise (so do the fills here).
+    assert {"exp, tanh, log1p (ATen vectorised maths)", "matmul 257x263 @ 263x131 (MKL sgemm)"} <= differ, differ
