@@ -63,4 +63,3 @@ def describe() -> str:
     import torch
 
     return f"{torch.backends.cpu.get_cpu_capability()} mkl={os.environ.get('MKL_CBWR') or 'AUTO'}"
-
