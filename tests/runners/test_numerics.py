@@ -39,10 +39,13 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), **extra}
 
 
+def _python(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], env=_clean_env(**extra), capture_output=True, text=True,
+                          timeout=120, check=True)
+
+
 def _run(code: str, **extra: str) -> str:
-    out = subprocess.run([sys.executable, "-c", code], env=_clean_env(**extra), capture_output=True,
-                         text=True, timeout=120, check=True)
-    return out.stdout.strip()
+    return _python("-c", code, **extra).stdout.strip()
 
 
 def _require_pinnable() -> None:
@@ -102,10 +105,9 @@ def test_the_pinned_paths_decide_the_bits_and_are_reproducible() -> None:
 
 
 def _fingerprint(**env: str) -> dict[str, str]:
-    """``python -m runners.fingerprint`` in a fresh process (with ``env`` on top): name -> value."""
-    done = subprocess.run([sys.executable, "-m", "runners.fingerprint"], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[2], env={**os.environ, **env})
-    assert done.returncode == 0 and done.stderr == "", done.stderr
+    """``python -m runners.fingerprint`` in a fresh process (a clean environment, ``env`` on top): name -> value."""
+    done = _python("-m", "runners.fingerprint", **env)
+    assert done.stderr == "", done.stderr
     return dict(re.split(r" {2,}", line, maxsplit=1) for line in done.stdout.splitlines())
 
 
