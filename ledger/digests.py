@@ -358,11 +358,15 @@ def parse_canonical_lines(lines: Sequence[bytes]) -> list[Any] | None:
             return None
     if len(values) != len(lines):
         return None
-    shape = joined.translate(_NUMBER_SHAPE)
-    if _LONG_INT in shape:
-        return None
-    for line, value in zip(lines, values, strict=True):  # depth, line by line (the array adds one level)
-        if line.count(b"[") + line.count(b"{") > MAX_DEPTH and not _plain(value):
+    # Where the joined text holds a run of 19 digits (a long integer, or the decimal start of a hex digest after a
+    # colon: one batch of receipts in five), each line is checked as parse_canonical checks it; else only the depth,
+    # line by line (the array adds one level).
+    long_digit_runs = _LONG_INT in joined.translate(_NUMBER_SHAPE)
+    for line, value in zip(lines, values, strict=True):
+        if long_digit_runs:
+            if not _within_limits(line, value):
+                return None
+        elif line.count(b"[") + line.count(b"{") > MAX_DEPTH and not _plain(value):
             return None
     return values
 

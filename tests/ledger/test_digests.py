@@ -568,6 +568,17 @@ def test_lines_that_are_not_each_one_canonical_value_are_left_to_the_line_parser
     assert digests.parse_canonical_lines(lines) is None
 
 
+def test_lines_holding_a_digest_that_starts_with_19_decimal_digits_are_still_parsed_at_once() -> None:
+    # after its colon such a digest looks like a long integer to the byte scan (one batch of receipts in five holds
+    # one); the lines are checked one by one then, not all left to the line parser
+    digest = "blake3:" + "1234567890" * 2 + "ab" * 22
+    lines = [digests.canonical_bytes({"model": digest, "step": step}) for step in range(3)]
+    assert digests.parse_canonical_lines(lines) == [{"model": digest, "step": step} for step in range(3)]
+    assert digests.parse_canonical_lines([*lines, b"4611686018427387904"]) == [  # 19 digits, within the limits
+        *[{"model": digest, "step": step} for step in range(3)], 2**62]
+    assert digests.parse_canonical_lines([*lines, b"9223372036854775808"]) is None  # beyond: to the line parser
+
+
 @pytest.mark.parametrize(("data", "says"), [
     (b'{"a":1e400}', "float 1e400 is out of range"),
     (b'{"a":' + b"9" * 5001 + b"}", "an integer of more than 4,300 digits"),
