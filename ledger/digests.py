@@ -359,8 +359,8 @@ def parse_canonical_lines(lines: Sequence[bytes]) -> list[Any] | None:
     if len(values) != len(lines):
         return None
     # Where the joined text holds a run of 19 digits (a long integer, or the decimal start of a hex digest after a
-    # colon: one batch of receipts in five), each line is checked as parse_canonical checks it; else only the depth,
-    # line by line (the array adds one level).
+    # colon: 2 of the main job's 15 JSONL artifacts), each line is checked as parse_canonical checks it; else only the
+    # depth, line by line (the array adds one level).
     long_digit_runs = _LONG_INT in joined.translate(_NUMBER_SHAPE)
     for line, value in zip(lines, values, strict=True):
         if long_digit_runs:

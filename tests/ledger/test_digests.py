@@ -569,8 +569,8 @@ def test_lines_that_are_not_each_one_canonical_value_are_left_to_the_line_parser
 
 
 def test_lines_holding_a_digest_that_starts_with_19_decimal_digits_are_still_parsed_at_once() -> None:
-    # after its colon such a digest looks like a long integer to the byte scan (one batch of receipts in five holds
-    # one); the lines are checked one by one then, not all left to the line parser
+    # after its colon such a digest looks like a long integer to the byte scan; the lines are then checked one by
+    # one, not all left to the line parser
     digest = "blake3:" + "1234567890" * 2 + "ab" * 22
     lines = [digests.canonical_bytes({"model": digest, "step": step}) for step in range(3)]
     assert digests.parse_canonical_lines(lines) == [{"model": digest, "step": step} for step in range(3)]
