@@ -48,6 +48,31 @@ def _run(code: str, **extra: str) -> str:
     return _python("-c", code, **extra).stdout.strip()
 
 
+# MKL's own account of the branch it ran (its verbose log's ``CNR:`` field, one product logged), beside the binding's.
+_DESCRIBE_AND_MKL_LOG = """
+import runners, runners.numerics as n, torch
+print("binding", n.describe(), flush=True)
+with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
+    torch.ones(8, 8) @ torch.ones(8, 8)
+"""
+
+
+def _binding_and_mkl_log(**extra: str) -> tuple[str, str]:
+    """``describe()`` in a fresh process and the branch MKL's verbose log says it ran the product on there."""
+    out = _run(_DESCRIBE_AND_MKL_LOG, **extra)
+    binding = re.search(r"^binding (.+)$", out, re.M)
+    logged = re.search(r"\bCNR:(\S+)", out)
+    assert binding and logged, out
+    return binding[1], logged[1]
+
+
+def pinned_binding() -> str:
+    """What a pinned process on this host records: MKL runs its AVX2 branch on Intel processors only, AUTO on others
+    (measured on AMD EPYC hosts, MKL 2024.2)."""
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", Path("/proc/cpuinfo").read_text(), re.M)
+    return "AVX2 mkl=AVX2" if vendor and vendor[1] == "GenuineIntel" else "AVX2 mkl=AUTO"
+
+
 def _require_pinnable() -> None:
     if not numerics.can_pin():
         if in_ci():
@@ -88,17 +113,37 @@ def test_pin_sets_what_is_unset_and_keeps_the_users_own() -> None:
 
 def test_importing_the_runners_pins_the_process_and_the_binding_says_so() -> None:
     _require_pinnable()
-    assert _run("import runners, runners.numerics as n; print(n.describe())") == "AVX2 mkl=AVX2"
+    assert _run("import runners, runners.numerics as n; print(n.describe())") == pinned_binding()
     # A user's own choice is kept, and recorded as what ran.
     assert _run("import runners, runners.numerics as n; print(n.describe())",
                 ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE") == "DEFAULT mkl=COMPATIBLE"
+
+
+@pytest.mark.parametrize(("setting", "expected"), [
+    (None, None),  # the pinned AVX2 (AUTO in its place on a non-Intel processor)
+    ("COMPATIBLE", "COMPATIBLE"),
+    ("", "OFF"),  # no branch at all: MKL runs without CNR, and the binding says so (it once said AUTO)
+    ("AVX2,STRICT", None),
+])
+def test_the_binding_names_the_branch_mkl_reports_running(setting: str | None, expected: str | None) -> None:
+    """The binding's MKL branch is what MKL's own log says it ran, not the MKL_CBWR that asked for one: on an AMD
+    host, MKL_CBWR=AVX2 runs AUTO and once was recorded as AVX2."""
+    _require_pinnable()
+    binding, logged = _binding_and_mkl_log(**({} if setting is None else {"MKL_CBWR": setting}))
+    assert binding == f"AVX2 mkl={logged}"
+    if expected is not None:
+        assert logged == expected
+    if setting == "AVX2,STRICT":
+        assert logged.endswith(",STRICT")
+    if setting is None:
+        assert binding == pinned_binding()
 
 
 def test_the_pinned_paths_decide_the_bits_and_are_reproducible() -> None:
     _require_pinnable()
     pinned = [_run(_TRAIN) for _ in range(2)]
     scalar = _run(_TRAIN, ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE")
-    assert pinned[0] == pinned[1] and pinned[0].startswith("AVX2 mkl=AVX2 ")
+    assert pinned[0] == pinned[1] and pinned[0].startswith(pinned_binding() + " ")
     assert scalar.startswith("DEFAULT mkl=COMPATIBLE ")
     # The recorded paths are not decoration: the same computation on the other paths ends in other bits.
     assert scalar.split()[-1] != pinned[0].split()[-1]
@@ -120,7 +165,7 @@ def test_the_fingerprint_repeats_names_its_paths_and_tells_them_apart() -> None:
     assert len(set(computed)) == len(computed)  # each line digests its own computation
     assert pinned["threads"] == "1"
     scalar = _fingerprint(ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE")
-    assert (pinned["cpu"], scalar["cpu"]) == ("AVX2 mkl=AVX2", "DEFAULT mkl=COMPATIBLE")
+    assert (pinned["cpu"], scalar["cpu"]) == (pinned_binding(), "DEFAULT mkl=COMPATIBLE")
     differ = {k for k in pinned if pinned[k] != scalar[k]} - {"cpu"}
     # Scalar against AVX2 code: the vectorised maths and MKL's products round otherwise (so do the fills here).
     assert {"exp, tanh, log1p (ATen vectorised maths)", "matmul 257x263 @ 263x131 (MKL sgemm)"} <= differ, differ
