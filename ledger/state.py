@@ -37,17 +37,19 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from math import prod
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ledger import digests
 from ledger.artifacts import atomic_write
 from ledger.errors import DigestMismatch, InputError, NonCanonical, UnsafeFile
+
+if TYPE_CHECKING:  # imported where the pool starts: concurrent.futures and the logging it imports cost every command
+    from concurrent.futures import Future, ThreadPoolExecutor  # that reads states (digest, verify) 4-6 ms of start-up
 
 COMPONENTS: Final = ("model", "optimizer", "outer", "rng")
 MANIFEST: Final = "manifest.json"
@@ -326,6 +328,8 @@ def _executor() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL[0] != os.getpid():
+            from concurrent.futures import ThreadPoolExecutor
+
             _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="ledger-hash"))
         return _POOL[1]
 
