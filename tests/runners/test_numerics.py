@@ -139,6 +139,21 @@ def test_the_binding_names_the_branch_mkl_reports_running(setting: str | None, e
         assert binding == pinned_binding()
 
 
+def test_a_branch_mkl_cannot_be_asked_for_is_recorded_as_asked_not_as_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose MKL exports no mkl_cbwr_get: the binding marks the requested branch with ``?``."""
+    import torch
+
+    if not torch.backends.mkl.is_available():  # then the branch is 'none' and nothing is asked
+        if in_ci():
+            pytest.fail("CI=true but this torch has no MKL (constraints-cpu.txt installs one that has)")
+        pytest.skip("this torch has no MKL")
+    monkeypatch.setattr(numerics, "_mkl_cbwr_get", lambda: None)
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    assert numerics.mkl_branch() == "AVX2?"
+    monkeypatch.delenv("MKL_CBWR")
+    assert numerics.mkl_branch() == "OFF?"
+
+
 def test_the_pinned_paths_decide_the_bits_and_are_reproducible() -> None:
     _require_pinnable()
     pinned = [_run(_TRAIN) for _ in range(2)]
