@@ -14,7 +14,7 @@ from ledger import digests
 from ledger.errors import ChainBroken
 from ledger.experiment.arms import ARMS
 from ledger.experiment.formats import RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
-from ledger.receipts import Receipt
+from ledger.receipts import Receipt, a_kind
 from ledger.signing import load_public_key
 from ledger.transparency_errors import MalformedKey
 
@@ -34,20 +34,20 @@ def broken(r: Receipt, rule: str, field: str | None = None, expected: object = N
 def _require(r: Receipt, *names: str) -> None:
     for name in names:
         if getattr(r, name) is None:
-            raise broken(r, f"a {r.kind} receipt needs `{name}`", field=name, expected="a value", actual=None)
+            raise broken(r, f"{a_kind(r.kind)} receipt needs `{name}`", field=name, expected="a value", actual=None)
 
 
 def _forbid(r: Receipt, *names: str) -> None:
     for name in names:
         if getattr(r, name) is not None:
-            raise broken(r, f"a {r.kind} receipt has no `{name}`", field=name, expected=None,
+            raise broken(r, f"{a_kind(r.kind)} receipt has no `{name}`", field=name, expected=None,
                           actual=getattr(r, name))
 
 
 def _one_parent(r: Receipt, parents: list[Receipt], kinds: frozenset[str] | set[str], what: str) -> Receipt:
     found = [p for p in parents if p.kind in kinds]
     if len(found) != 1:
-        raise broken(r, f"a {r.kind} receipt cites exactly one {what} ({'/'.join(sorted(kinds))})",
+        raise broken(r, f"{a_kind(r.kind)} receipt cites exactly one {what} ({'/'.join(sorted(kinds))})",
                       field="parents", expected=1, actual=len(found))
     return found[0]
 
@@ -135,7 +135,7 @@ def restore(r: Receipt, parents: list[Receipt]) -> None:
 def _model_source(r: Receipt, parents: list[Receipt]) -> None:
     source = _one_parent(r, parents, MODEL_KINDS, "model source")
     if "model" not in r.artifacts:
-        raise broken(r, f"a {r.kind} receipt names its model in artifacts.model", field="artifacts.model")
+        raise broken(r, f"{a_kind(r.kind)} receipt names its model in artifacts.model", field="artifacts.model")
     if source.artifacts.get("model") != r.artifacts["model"]:
         raise broken(r, f"the model differs from the one {source.kind} {source.id} produced",
                       field="artifacts.model", expected=source.artifacts.get("model"), actual=r.artifacts["model"])

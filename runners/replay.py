@@ -18,7 +18,7 @@ from typing import Any
 from ledger.errors import InputError, LedgerError, ResumeDivergence
 from ledger.experiment.config import ARMS
 from ledger.experiment.formats import REPLAY_FORMAT
-from ledger.receipts import Receipt, make_receipt
+from ledger.receipts import Receipt, a_kind, make_receipt
 from ledger.store import Store
 from runners.train import train_arm
 
@@ -77,7 +77,7 @@ def replay(workdir: Path, db: str, ref: str, *, record: bool = False, timeout: f
     with Store.open(db) as store:
         start = store.get(ref).receipt
         if start.kind != "checkpoint":
-            raise InputError(f"receipt {start.id} is a {start.kind} receipt; replay starts from a checkpoint")
+            raise InputError(f"receipt {start.id} is {a_kind(start.kind)} receipt; replay starts from a checkpoint")
         arm = str(start.measurements.get("arm"))
         if arm not in ARMS:
             raise InputError(f"receipt {start.id} names no known arm ({arm!r})")

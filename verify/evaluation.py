@@ -41,7 +41,7 @@ from ledger.errors import (
 )
 from ledger.experiment.config import single_rank_arm
 from ledger.experiment.formats import COMPARISON_METHOD, EVAL_FORMAT, QUALITY_FORMAT
-from ledger.receipts import Receipt
+from ledger.receipts import Receipt, a_kind
 from ledger.store import Store
 from verify import statistics as st
 from verify.context import KindCheckContext, LoadedModel, Memo, ModelRunner
@@ -189,7 +189,7 @@ def _read(store: Store, artifacts: ArtifactStore, r: Receipt, name: str, require
     """Artifact ``name`` of ``r``, digest-checked; None if absent and not required."""
     digest = r.artifacts.get(name)
     if digest is None:
-        raise RecordInvalid.at(f"receipt {r.id}: a {r.kind} receipt names its {name} in artifacts.{name}",
+        raise RecordInvalid.at(f"receipt {r.id}: {a_kind(r.kind)} receipt names its {name} in artifacts.{name}",
                                 receipt=r.id, field=f"artifacts.{name}", expected="a digest", actual=None)
     found = find_bytes(store, artifacts, digest, memo)
     if found is None:
@@ -665,7 +665,7 @@ def rescore(store: Store, eval_receipt: Receipt | str, n: int, seed: int, *, run
     started = time.perf_counter()
     r = eval_receipt if isinstance(eval_receipt, Receipt) else store.get(eval_receipt).receipt
     if r.kind != "eval":
-        raise InputError(f"receipt {r.id} is a {r.kind} receipt; re-scoring applies to eval receipts")
+        raise InputError(f"receipt {r.id} is {a_kind(r.kind)} receipt; re-scoring applies to eval receipts")
     arts = artifacts if artifacts is not None else ArtifactStore(default_root(store.url))
     closure = {a.receipt.id: a.receipt for a in store.ancestors(r.id)}
     inputs = load_inputs(store, arts, closure, r, True)

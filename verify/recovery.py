@@ -11,7 +11,7 @@ from typing import Any
 
 from ledger.errors import InputError, LedgerError, LookupFailed, MeasurementMismatch, ResumeDivergence
 from ledger.experiment.formats import RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
-from ledger.receipts import Receipt
+from ledger.receipts import Receipt, a_kind
 from ledger.rules import recovery_rank_passed
 from ledger.store import Store
 from verify.context import KindCheckContext
@@ -99,7 +99,8 @@ def _run_ends(store: Store, ref: str) -> dict[int, Receipt]:
             r = None
         if r is not None:
             if r.kind != "train-end":
-                raise InputError(f"receipt {r.id} is a {r.kind} receipt; compare-runs takes runs or train-end receipts")
+                raise InputError(f"receipt {r.id} is {a_kind(r.kind)} receipt; compare-runs takes runs or train-end "
+                                 "receipts")
             run = r.run or ""
     ends: dict[int, Receipt] = {}
     for s in store.find(kind="train-end", run=run):

@@ -276,7 +276,7 @@ def test_eval_of_the_seed_model(c: ReceiptChain) -> None:
 def test_eval_needs_selection_and_one_model_source(c: ReceiptChain) -> None:
     known = table(c.receipts())
     err = broken(like(c.eval, parents=[c.train_end]), known)
-    assert err.field == "parents"
+    assert err.field == "parents" and "an eval receipt cites exactly one selection receipt" in str(err)
     err = broken(like(c.eval, parents=[c.selection, c.train_end, c.checkpoints[-1]]), known)
     assert err.field == "parents" and err.actual == 2
     err = broken(like(c.eval, artifacts={"outcomes": fake_digest("o")}), known)

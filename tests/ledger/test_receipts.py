@@ -8,7 +8,7 @@ import pytest
 
 from ledger import digests
 from ledger.errors import MalformedReceipt, NonCanonical
-from ledger.receipts import FIELDS, KINDS, SCHEMA_VERSION, Kind, Receipt, make_receipt, parse_receipt
+from ledger.receipts import FIELDS, KINDS, SCHEMA_VERSION, Kind, Receipt, a_kind, make_receipt, parse_receipt
 
 D1 = digests.raw_digest(b"one")
 D2 = digests.raw_digest(b"two")
@@ -31,6 +31,13 @@ def test_body_has_exactly_the_documented_fields() -> None:
     assert sorted(doc) == sorted(FIELDS)
     assert doc["v"] == SCHEMA_VERSION == 1
     assert doc["alg"] == "blake3"
+
+
+@pytest.mark.parametrize(("kind", "phrase"), [("eval", "an eval"), ("arm-summary", "an arm-summary"),
+                                              ("audit", "an audit"), ("checkpoint", "a checkpoint"),
+                                              ("train-end", "a train-end")])
+def test_a_kind_takes_the_article_its_first_letter_wants(kind: str, phrase: str) -> None:
+    assert a_kind(kind) == phrase
 
 
 def test_id_is_receipt_digest_of_body() -> None:
