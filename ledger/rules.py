@@ -15,7 +15,6 @@ from ledger.errors import ChainBroken
 from ledger.experiment.arms import ARMS
 from ledger.experiment.formats import RECOVERY_RANK_FORMAT, RECOVERY_SUMMARY_FORMAT
 from ledger.receipts import Receipt, a_kind
-from ledger.signing import load_public_key
 from ledger.transparency_errors import MalformedKey
 
 Rule = Callable[[Receipt, list[Receipt]], None]
@@ -305,6 +304,8 @@ def key(r: Receipt, parents: list[Receipt]) -> None:
 
 
 def _verifier_key(r: Receipt) -> str:
+    from ledger.signing import load_public_key  # the note format and Ed25519 for key receipts only
+
     vkey = r.measurements.get("key")
     try:
         if not isinstance(vkey, str):

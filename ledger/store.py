@@ -55,7 +55,6 @@ from ledger.errors import (
     UnknownExperiment,
     UnknownReceipt,
 )
-from ledger.note import Signer
 from ledger.reads import (
     MATCHES,
     MIN_PREFIX,
@@ -75,12 +74,13 @@ from ledger.reads import (
     stored_bytes,
 )
 from ledger.receipts import Receipt
-from ledger.signing import load_private_key, operator_key
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.orm import Session
+
+    from ledger.note import Signer
 
 __all__ = ["MIN_PREFIX", "ENV_SIGNING_KEY", "ArtifactRef", "ParentEdge", "Store", "Stored", "StoredRow"]
 
@@ -330,6 +330,9 @@ class Store:
         ``$LEDGER_SIGNING_KEY`` is loaded if set (a 0600 file, ledger/signing.py).
         """
         if signer is None and os.environ.get(ENV_SIGNING_KEY):
+            # Ed25519 and the note format only where a key is named: reading a ledger never signs
+            from ledger.signing import load_private_key, operator_key
+
             signer = operator_key(load_private_key(os.environ[ENV_SIGNING_KEY]), "receipts",
                                   given=f"{ENV_SIGNING_KEY}={os.environ[ENV_SIGNING_KEY]}")
         url = resolve_url(db)

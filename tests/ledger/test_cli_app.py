@@ -87,3 +87,16 @@ def test_a_command_imports_its_own_module_only(tmp_path: Path) -> None:
     assert "ledger.cli.records" in loaded
     assert not {m for m in loaded if m in ("ledger.cli.run", "ledger.cli.state", "ledger.cli.transparency",
                                            "ledger.cli.verifying", "ledger.cli.hosts", "ledger.cli.db")}
+
+
+def test_reading_a_receipt_loads_no_signing_code(tmp_path: Path) -> None:
+    """`show` and `log` of an unsigned ledger never sign or check a signature: the note format, Ed25519 and OpenSSL's
+    hashlib (about 9 ms of start-up) load only where a key is named or a signature is verified."""
+    db = tmp_path / "ledger.db"
+    note = make_receipt("note", run="cli", measurements={"message": "hello"})
+    with Store.open(db, create=True) as store:
+        store.append(note)
+    for args in (("show", note.id, "--db", str(db)), ("log", "--db", str(db))):
+        loaded = _modules_after(*args)
+        assert not {m for m in loaded if m in ("ledger.note", "ledger.signing", "hashlib")
+                    or m.startswith("cryptography")}, args
