@@ -58,6 +58,7 @@ def a_kind(kind: str) -> str:
     """``kind`` after its indefinite article, for messages: "an eval", "an arm-summary", "a checkpoint"."""
     return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
+
 FIELDS: Final = (
     "v",
     "alg",
